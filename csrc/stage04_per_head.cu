@@ -1,0 +1,178 @@
+// Stage 4: one head per block (HT = 1), for occupancy.
+//
+// Stage 3's blocks hold 71 KB of shared memory and 4 warps each: an SM runs
+// only a few of them, too few warps to hide the latency of each tile's loads
+// and barriers.  Here a block serves a single head: its shared memory shrinks
+// to about 23 KB, it gets 256 threads, and many blocks fit on each SM (the
+// compiler is asked to leave room for 8, which caps registers at 32).  Every
+// key is now read once per head instead of once per 8 heads; the bet is that
+// the memory system absorbs that (in L2) while the extra warps hide latency.
+// The code is stage 3's with four constants changed.  One cost shows at
+// once: 16 keys x 1 head leaves 240 of the 256 threads idle while scores are
+// computed, one thread per dot product (stage 5 fixes that).
+#include "mla_device.cuh"
+
+namespace mla {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+constexpr int kHeadTile = 1;       // heads that share each key tile
+constexpr int kKeysPerTile = 16;   // keys staged in shared memory at a time
+constexpr int kKvStride = kDimQK + 2;  // 289 words a row: a column of 32 rows hits 32 banks
+
+// Shared memory, in the order it is laid out (widest alignment first).
+constexpr int kSmemFloats = kHeadTile * kDimQK     // q_s: the tile's queries, fp32
+                          + kHeadTile * kDimV      // acc_s: output accumulators
+                          + kHeadTile * kKeysPerTile  // p_s: scores, then probabilities
+                          + 3 * kHeadTile;         // m_s, l_s, alpha_s: softmax state
+constexpr int kSmemBytes = kKeysPerTile * 8            // rows_s: the tile's key addresses
+                         + kKeysPerTile * kKvStride * 2  // kv_s: the key tile, bf16
+                         + kSmemFloats * 4;
+
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) per_head_kernel(const MlaParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const bf16** rows_s = reinterpret_cast<const bf16**>(smem);
+  bf16* kv_s = reinterpret_cast<bf16*>(rows_s + kKeysPerTile);
+  float* q_s = reinterpret_cast<float*>(kv_s + kKeysPerTile * kKvStride);
+  float* acc_s = q_s + kHeadTile * kDimQK;
+  float* p_s = acc_s + kHeadTile * kDimV;
+  float* m_s = p_s + kHeadTile * kKeysPerTile;
+  float* l_s = m_s + kHeadTile;
+  float* alpha_s = l_s + kHeadTile;
+
+  // z walks splits slowest within a stream; x and y (head tiles, query rows)
+  // fastest, so the blocks that read one key range run side by side and
+  // share it through L2.
+  const int h0 = blockIdx.x * kHeadTile, t = blockIdx.y, tid = threadIdx.x;
+  const int b = blockIdx.z / p.num_splits, split = blockIdx.z % p.num_splits;
+  const int nh = min(kHeadTile, p.num_heads - h0);  // the last tile may be partial
+  const int kv_len = p.kv_lens[b];
+  if (!stream_ok(p, kv_len)) return;  // the combine kernel writes NaN for it
+  const int n_keys = kv_len - p.q_len + t + 1;
+
+  // This split's keys: tile-aligned boundaries, the same for every query row.
+  const int per_split = ((kv_len + p.num_splits - 1) / p.num_splits + kKeysPerTile - 1)
+                        / kKeysPerTile * kKeysPerTile;
+  const int key_begin = split * per_split;
+  const int key_end = min(n_keys, key_begin + per_split);
+  if (key_begin >= key_end) {  // no visible key here: an empty partial
+    if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = -CUDART_INF_F;
+    return;
+  }
+
+  for (int i = tid; i < kHeadTile * kDimQK; i += kThreads) {
+    const int hh = i / kDimQK, d = i % kDimQK;
+    q_s[i] = hh < nh ? __bfloat162float(q_head(p, b, t, h0 + hh)[d]) : 0.f;
+  }
+  for (int i = tid; i < kHeadTile * kDimV; i += kThreads) acc_s[i] = 0.f;
+  if (tid < kHeadTile) {
+    m_s[tid] = -CUDART_INF_F;
+    l_s[tid] = 0.f;
+  }
+
+  for (int key0 = key_begin; key0 < key_end; key0 += kKeysPerTile) {
+    const int n = min(kKeysPerTile, key_end - key0);
+
+    // 1. Stage the tile: look each key up in the block table once, then copy
+    //    its 576 values with 4-byte loads, consecutive threads on consecutive words.
+    if (tid < n) rows_s[tid] = kv_row(p, b, key0 + tid);
+    __syncthreads();
+    constexpr int kWords = kDimQK / 2;
+    for (int i = tid; i < kKeysPerTile * kWords; i += kThreads) {
+      const int k = i / kWords, w = i % kWords;
+      if (k < n) {
+        const bf16* row = rows_s[k];
+        const uint32_t bits = row ? reinterpret_cast<const uint32_t*>(row)[w] : kNanPairBits;
+        reinterpret_cast<uint32_t*>(kv_s + k * kKvStride)[w] = bits;
+      }
+    }
+    __syncthreads();
+
+    // 2. Scores: each thread takes (head, key) pairs, a whole dot product each.
+    for (int i = tid; i < kHeadTile * kKeysPerTile; i += kThreads) {
+      const int hh = i / kKeysPerTile, k = i % kKeysPerTile;
+      float s = -CUDART_INF_F;
+      if (hh < nh && k < n) {
+        const float* qh = q_s + hh * kDimQK;
+        const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(kv_s + k * kKvStride);
+        float dot = 0.f;
+        for (int w = 0; w < kWords; ++w) {
+          const float2 kk = __bfloat1622float2(kr[w]);
+          dot += qh[2 * w] * kk.x + qh[2 * w + 1] * kk.y;
+        }
+        s = dot * p.scale;
+      }
+      p_s[i] = s;
+    }
+    __syncthreads();
+
+    // 3. Online softmax, one thread per head: new running max, the factor
+    //    that rescales what was accumulated so far, probabilities of the tile.
+    if (tid < kHeadTile) {
+      float* ph = p_s + tid * kKeysPerTile;
+      if (tid < nh) {
+        float tile_max = -CUDART_INF_F;
+        for (int k = 0; k < n; ++k) tile_max = fmaxf(tile_max, ph[k]);
+        const float m_new = fmaxf(m_s[tid], tile_max);
+        const float alpha = __expf(m_s[tid] - m_new);
+        float sum = 0.f;
+        for (int k = 0; k < kKeysPerTile; ++k) {
+          const float e = k < n ? __expf(ph[k] - m_new) : 0.f;
+          ph[k] = e;
+          sum += e;
+        }
+        l_s[tid] = l_s[tid] * alpha + sum;
+        m_s[tid] = m_new;
+        alpha_s[tid] = alpha;
+      } else {  // padding heads of a partial tile contribute nothing
+        for (int k = 0; k < kKeysPerTile; ++k) ph[k] = 0.f;
+        alpha_s[tid] = 1.f;
+      }
+    }
+    __syncthreads();
+
+    // 4. acc = acc * alpha + P V: each thread owns output dimensions d for all 8 heads.
+    for (int d = tid; d < kDimV; d += kThreads) {
+      float a[kHeadTile];
+#pragma unroll
+      for (int hh = 0; hh < kHeadTile; ++hh) a[hh] = acc_s[hh * kDimV + d] * alpha_s[hh];
+      for (int k = 0; k < n; ++k) {
+        const float v = __bfloat162float(kv_s[k * kKvStride + d]);
+#pragma unroll
+        for (int hh = 0; hh < kHeadTile; ++hh) a[hh] += p_s[hh * kKeysPerTile + k] * v;
+      }
+#pragma unroll
+      for (int hh = 0; hh < kHeadTile; ++hh) acc_s[hh * kDimV + d] = a[hh];
+    }
+    __syncthreads();  // the next tile overwrites kv_s and p_s
+  }
+
+  // 5. Normalise and write this split's partial output, in fp32.
+  for (int i = tid; i < nh * kDimV; i += kThreads) {
+    const int hh = i / kDimV, d = i % kDimV;
+    p.o_partial[(partial_row(p, b, t, h0 + hh) + split) * kDimV + d] = acc_s[i] / l_s[hh];
+  }
+  if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
+}
+
+const KernelHandle kHandles[] = {{"per_head_kernel", (const void*)per_head_kernel, kThreads}};
+
+}  // namespace
+
+LaunchGeometry per_head_geometry(const MlaParams& p) {
+  const int head_tiles = (p.num_heads + kHeadTile - 1) / kHeadTile;
+  return {dim3(head_tiles, p.q_len, p.batch * p.num_splits), dim3(kThreads), kSmemBytes};
+}
+
+cudaError_t per_head_launch(const MlaParams& p, cudaStream_t stream) {
+  const cudaError_t err = launch_with_smem(per_head_kernel, per_head_geometry(p), p, stream);
+  return err != cudaSuccess ? err : combine_launch(p, stream);
+}
+
+int per_head_kernels(const KernelHandle** handles) {
+  *handles = kHandles;
+  return 1;
+}
+
+}  // namespace mla

@@ -1,0 +1,207 @@
+// Stage 6: 16-byte loads.
+//
+// Stage 5 moves the cache with 4-byte loads: 288 load instructions per key,
+// each bringing 4 bytes.  Here every global and shared-memory access of the
+// hot loops is 16 bytes wide (uint4 of 8 bf16, float4 of fp32): 72 loads per
+// key, a quarter of the instructions for the same bytes, and each thread
+// keeps 4x as many bytes in flight.  The price is alignment: q and the cache
+// must start on 16-byte boundaries with row strides that are multiples of 8
+// elements, which the op checks before launching.
+#include "mla_device.cuh"
+
+namespace mla {
+namespace {
+
+// Eight bf16 (one 16-byte chunk) to fp32, and their dot product with eight floats.
+__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float* dst) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  float4* d4 = reinterpret_cast<float4*>(dst);
+  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+  d4[0] = make_float4(a.x, a.y, b.x, b.y);
+  d4[1] = make_float4(c.x, c.y, d.x, d.y);
+}
+
+__device__ __forceinline__ float dot_bf16x8(uint4 raw, float4 q0, float4 q1) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+  return q0.x * a.x + q0.y * a.y + q0.z * b.x + q0.w * b.y
+       + q1.x * c.x + q1.y * c.y + q1.z * d.x + q1.w * d.y;
+}
+
+constexpr int kThreads = 256;
+constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+constexpr int kHeadTile = 1;       // heads that share each key tile
+constexpr int kKeysPerTile = 8;    // keys staged in shared memory at a time
+constexpr int kKvStride = kDimQK;  // no reads down a column any more: no padding
+constexpr int kChunks = kDimQK / 8;  // 72 chunks of 16 bytes per cached token
+
+// Shared memory, in the order it is laid out (widest alignment first).
+constexpr int kSmemFloats = kHeadTile * kDimQK     // q_s: the tile's queries, fp32
+                          + kHeadTile * kDimV      // acc_s: output accumulators
+                          + kHeadTile * kKeysPerTile  // p_s: scores, then probabilities
+                          + 3 * kHeadTile;         // m_s, l_s, alpha_s: softmax state
+constexpr int kSmemBytes = kKeysPerTile * 8            // rows_s: the tile's key addresses
+                         + kKeysPerTile * kKvStride * 2  // kv_s: the key tile, bf16
+                         + kSmemFloats * 4;
+
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) float4_kernel(const MlaParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const bf16** rows_s = reinterpret_cast<const bf16**>(smem);
+  bf16* kv_s = reinterpret_cast<bf16*>(rows_s + kKeysPerTile);
+  float* q_s = reinterpret_cast<float*>(kv_s + kKeysPerTile * kKvStride);
+  float* acc_s = q_s + kHeadTile * kDimQK;
+  float* p_s = acc_s + kHeadTile * kDimV;
+  float* m_s = p_s + kHeadTile * kKeysPerTile;
+  float* l_s = m_s + kHeadTile;
+  float* alpha_s = l_s + kHeadTile;
+
+  // z walks splits slowest within a stream; x and y (head tiles, query rows)
+  // fastest, so the blocks that read one key range run side by side and
+  // share it through L2.
+  const int h0 = blockIdx.x * kHeadTile, t = blockIdx.y, tid = threadIdx.x;
+  const int b = blockIdx.z / p.num_splits, split = blockIdx.z % p.num_splits;
+  const int nh = min(kHeadTile, p.num_heads - h0);  // the last tile may be partial
+  const int kv_len = p.kv_lens[b];
+  if (!stream_ok(p, kv_len)) return;  // the combine kernel writes NaN for it
+  const int n_keys = kv_len - p.q_len + t + 1;
+
+  // This split's keys: tile-aligned boundaries, the same for every query row.
+  const int per_split = ((kv_len + p.num_splits - 1) / p.num_splits + kKeysPerTile - 1)
+                        / kKeysPerTile * kKeysPerTile;
+  const int key_begin = split * per_split;
+  const int key_end = min(n_keys, key_begin + per_split);
+  if (key_begin >= key_end) {  // no visible key here: an empty partial
+    if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = -CUDART_INF_F;
+    return;
+  }
+
+  for (int i = tid; i < kHeadTile * kChunks; i += kThreads) {
+    const int hh = i / kChunks, c = i % kChunks;
+    const uint4 raw = hh < nh ? reinterpret_cast<const uint4*>(q_head(p, b, t, h0 + hh))[c]
+                              : make_uint4(0, 0, 0, 0);
+    bf16x8_to_float(raw, q_s + hh * kDimQK + 8 * c);
+  }
+  for (int i = tid; i < kHeadTile * kDimV; i += kThreads) acc_s[i] = 0.f;
+  if (tid < kHeadTile) {
+    m_s[tid] = -CUDART_INF_F;
+    l_s[tid] = 0.f;
+  }
+
+  for (int key0 = key_begin; key0 < key_end; key0 += kKeysPerTile) {
+    const int n = min(kKeysPerTile, key_end - key0);
+
+    // 1. Stage the tile: look each key up in the block table once, then copy
+    //    its 576 values with 16-byte loads, consecutive threads on consecutive chunks.
+    if (tid < n) rows_s[tid] = kv_row(p, b, key0 + tid);
+    __syncthreads();
+    for (int i = tid; i < kKeysPerTile * kChunks; i += kThreads) {
+      const int k = i / kChunks, c = i % kChunks;
+      if (k < n) {
+        const bf16* row = rows_s[k];
+        const uint4 bits = row ? reinterpret_cast<const uint4*>(row)[c]
+                               : make_uint4(kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
+        reinterpret_cast<uint4*>(kv_s + k * kKvStride)[c] = bits;
+      }
+    }
+    __syncthreads();
+
+    // 2. Scores: a warp per (head, key) pair.  Lane l takes 16-byte chunks l,
+    //    l+32 and (lanes 0-7) l+64; the warp then sums its 32 partial dot products.
+    const int warp = tid / 32, lane = tid % 32;
+    for (int i = warp; i < kHeadTile * kKeysPerTile; i += kThreads / 32) {
+      const int hh = i / kKeysPerTile, k = i % kKeysPerTile;
+      float s = -CUDART_INF_F;
+      if (hh < nh && k < n) {  // the same for the whole warp
+        const float* qh = q_s + hh * kDimQK;
+        const bf16* kr = kv_s + k * kKvStride;
+        float dot = 0.f;
+#pragma unroll
+        for (int c = lane; c < kChunks; c += 32) {
+          const uint4 raw = reinterpret_cast<const uint4*>(kr)[c];
+          const float4* q8 = reinterpret_cast<const float4*>(qh + 8 * c);
+          dot += dot_bf16x8(raw, q8[0], q8[1]);
+        }
+        s = warp_sum(dot) * p.scale;
+      }
+      if (lane == 0) p_s[i] = s;
+    }
+    __syncthreads();
+
+    // 3. Online softmax, one thread per head: new running max, the factor
+    //    that rescales what was accumulated so far, probabilities of the tile.
+    if (tid < kHeadTile) {
+      float* ph = p_s + tid * kKeysPerTile;
+      if (tid < nh) {
+        float tile_max = -CUDART_INF_F;
+        for (int k = 0; k < n; ++k) tile_max = fmaxf(tile_max, ph[k]);
+        const float m_new = fmaxf(m_s[tid], tile_max);
+        const float alpha = __expf(m_s[tid] - m_new);
+        float sum = 0.f;
+        for (int k = 0; k < kKeysPerTile; ++k) {
+          const float e = k < n ? __expf(ph[k] - m_new) : 0.f;
+          ph[k] = e;
+          sum += e;
+        }
+        l_s[tid] = l_s[tid] * alpha + sum;
+        m_s[tid] = m_new;
+        alpha_s[tid] = alpha;
+      } else {  // padding heads of a partial tile contribute nothing
+        for (int k = 0; k < kKeysPerTile; ++k) ph[k] = 0.f;
+        alpha_s[tid] = 1.f;
+      }
+    }
+    __syncthreads();
+
+    // 4. acc = acc * alpha + P V: each thread owns a pair of output dimensions.
+    for (int d = 2 * tid; d < kDimV; d += 2 * kThreads) {
+      float2 a[kHeadTile];
+#pragma unroll
+      for (int hh = 0; hh < kHeadTile; ++hh) {
+        a[hh] = *reinterpret_cast<const float2*>(acc_s + hh * kDimV + d);
+        a[hh].x *= alpha_s[hh];
+        a[hh].y *= alpha_s[hh];
+      }
+      for (int k = 0; k < n; ++k) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(kv_s + k * kKvStride + d));
+#pragma unroll
+        for (int hh = 0; hh < kHeadTile; ++hh) {
+          a[hh].x += p_s[hh * kKeysPerTile + k] * v.x;
+          a[hh].y += p_s[hh * kKeysPerTile + k] * v.y;
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < kHeadTile; ++hh) *reinterpret_cast<float2*>(acc_s + hh * kDimV + d) = a[hh];
+    }
+    __syncthreads();  // the next tile overwrites kv_s and p_s
+  }
+
+  // 5. Normalise and write this split's partial output, in fp32.
+  for (int i = tid; i < nh * kDimV; i += kThreads) {
+    const int hh = i / kDimV, d = i % kDimV;
+    p.o_partial[(partial_row(p, b, t, h0 + hh) + split) * kDimV + d] = acc_s[i] / l_s[hh];
+  }
+  if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
+}
+
+const KernelHandle kHandles[] = {{"float4_kernel", (const void*)float4_kernel, kThreads}};
+
+}  // namespace
+
+LaunchGeometry float4_geometry(const MlaParams& p) {
+  const int head_tiles = (p.num_heads + kHeadTile - 1) / kHeadTile;
+  return {dim3(head_tiles, p.q_len, p.batch * p.num_splits), dim3(kThreads), kSmemBytes};
+}
+
+cudaError_t float4_launch(const MlaParams& p, cudaStream_t stream) {
+  const cudaError_t err = launch_with_smem(float4_kernel, float4_geometry(p), p, stream);
+  return err != cudaSuccess ? err : combine_launch(p, stream);
+}
+
+int float4_kernels(const KernelHandle** handles) {
+  *handles = kHandles;
+  return 1;
+}
+
+}  // namespace mla

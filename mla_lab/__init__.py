@@ -1,0 +1,19 @@
+"""mla_lab: a workbook of CUDA kernels for MLA verify attention (speculative decoding)."""
+
+from .problem import DEFAULT_SCALE, D_QK, D_V, Problem, Workload, make_workload
+from .reference import reference_attention
+from .stages import STAGES
+
+__all__ = ["DEFAULT_SCALE", "D_QK", "D_V", "Problem", "Workload", "make_workload", "reference_attention",
+           "STAGES", "attention", "verify_attention"]
+
+
+def __getattr__(name):
+    # Lazy: importing the package must not build the extension or import triton.
+    if name == "attention":
+        from .ops import attention
+        return attention
+    if name == "verify_attention":
+        from .verify import verify_attention
+        return verify_attention
+    raise AttributeError(name)

@@ -1,0 +1,142 @@
+"""Building and loading the one CUDA extension that holds every kernel stage.
+
+The extension is compiled just in time with ``torch.utils.cpp_extension.load``
+(ninja): the first ``import`` of it builds ``csrc/`` into ``build/ext-<archs>/``
+beside the package, later imports reuse that build, and a changed source file
+triggers a rebuild of what changed.  ``python -m mla_lab.extension`` builds it
+ahead of time and prints where.
+
+Target architectures: the local GPU's when there is one; with none, sm_90 and
+sm_120 (H100/H200, and the RTX PRO 6000 Blackwell of the seed article).  Set
+``MLA_LAB_CUDA_ARCHS="9.0;12.0"`` (the format of ``TORCH_CUDA_ARCH_LIST``) to
+choose.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
+DEFAULT_ARCHS = ("9.0", "12.0")
+EXTENSION_NAME = "mla_lab_C"
+
+
+class ToolkitNotFound(RuntimeError):
+    """No CUDA toolkit (nvcc with its headers) was found."""
+
+
+def _has_headers(home: Path) -> bool:
+    return (home / "include" / "cuda_runtime_api.h").is_file() and (home / "bin" / "nvcc").exists()
+
+
+def find_cuda_home() -> Path:
+    """The CUDA toolkit to build with.
+
+    torch guesses CUDA_HOME from the ``nvcc`` on the PATH; where that is a
+    wrapper script with no headers beside it (as on this project's CI
+    machines) the guess is wrong and the build fails on a missing
+    ``cuda_runtime_api.h``.  So: take CUDA_HOME or CUDA_PATH when it holds a
+    toolkit, else the first of /usr/local/cuda, /usr/local/cuda-*, /opt/cuda
+    and the folder above ``nvcc`` that does.
+    """
+    candidates: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]))
+    candidates.append(Path("/usr/local/cuda"))
+    candidates += [Path(p) for p in sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    candidates.append(Path("/opt/cuda"))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent)
+    for home in candidates:
+        if _has_headers(home):
+            return home
+    tried = ", ".join(str(c) for c in candidates)
+    raise ToolkitNotFound(
+        "mla_lab needs the CUDA toolkit (nvcc and its headers) to build its kernels; none found in: "
+        f"{tried}. Install the toolkit or set CUDA_HOME to it."
+    )
+
+
+def target_archs() -> tuple[str, ...]:
+    """Compute capabilities to compile for, as "9.0"-style strings."""
+    env = os.environ.get("MLA_LAB_CUDA_ARCHS")
+    if env:
+        return tuple(a.strip() for a in env.replace(",", ";").split(";") if a.strip())
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return (f"{major}.{minor}",)
+    return DEFAULT_ARCHS
+
+
+def sources() -> list[Path]:
+    return sorted(CSRC.glob("*.cu")) + [CSRC / "bindings.cpp"]
+
+
+def nvcc_flags() -> list[str]:
+    # -lineinfo keeps source lines in SASS for the chapters that read it.
+    return ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
+
+
+def build_dir(archs: tuple[str, ...] | None = None) -> Path:
+    archs = archs or target_archs()
+    tag = "-".join(a.replace(".", "") for a in archs)
+    return ROOT / "build" / f"ext-sm{tag}"
+
+
+@functools.lru_cache(maxsize=None)
+def load(verbose: bool | None = None):
+    """Build (if needed) and import the extension; returns the pybind module.
+
+    Importing it also registers the ops in ``torch.ops.mla_lab``.
+    """
+    home = find_cuda_home()
+    os.environ["CUDA_HOME"] = str(home)
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    # torch computed its CUDA_HOME when cpp_extension was first imported.
+    cpp.CUDA_HOME = str(home)
+    archs = target_archs()
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    out = build_dir(archs)
+    out.mkdir(parents=True, exist_ok=True)
+    if verbose is None:
+        verbose = os.environ.get("MLA_LAB_VERBOSE_BUILD") == "1"
+    module = cpp.load(
+        name=EXTENSION_NAME,
+        sources=[str(s) for s in sources()],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=nvcc_flags(),
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(out),
+        verbose=verbose,
+    )
+    from .ops import register_fakes  # shape functions, so the ops trace under torch.compile
+
+    register_fakes()
+    del torch
+    return module
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for s in sources() + sorted(CSRC.glob("*.h")) + sorted(CSRC.glob("*.cuh")):
+        h.update(s.read_bytes())
+    return h.hexdigest()[:16]
+
+
+if __name__ == "__main__":
+    mod = load(verbose=True)
+    print(f"built {EXTENSION_NAME} for sm {', '.join(target_archs())} in {build_dir()}", file=sys.stderr)
+    print("stages:", ", ".join(mod.stage_ids()))

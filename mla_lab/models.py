@@ -1,0 +1,337 @@
+"""CPU models of each kernel stage: the kernel's loops, in plain PyTorch.
+
+A model walks the same loops as its kernel (blocks, key tiles, online
+softmax, head tiles, splits and their merge, the way a dot product is split
+over threads) in fp32 on the CPU, so CI can check the *algorithm* of every
+stage against the reference without a GPU.  While it runs it counts the
+bytes the kernel asks the memory system for:
+
+    traffic = bytes read from and written to global memory, counting a load
+              that all threads of a block make to the same address once
+
+That is the traffic the L2 cache (and behind it DRAM) must serve; the
+chapters set it beside the time measured on the GPU.  :func:`traffic` gives
+the same count in closed form for any problem size, and the tests hold the
+two to each other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import stages as _stages
+from .problem import D_QK, D_V, Problem, Workload
+
+BF16, FP32, INT32 = 2, 4, 4
+
+
+@dataclass
+class Traffic:
+    """Bytes one launch (or several) moves through global memory, by what they are."""
+
+    parts: dict = field(default_factory=dict)
+
+    def add(self, what: str, nbytes: int) -> None:
+        self.parts[what] = self.parts.get(what, 0) + int(nbytes)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def __add__(self, other: "Traffic") -> "Traffic":
+        t = Traffic(dict(self.parts))
+        for k, v in other.parts.items():
+            t.add(k, v)
+        return t
+
+
+# ---- the ways a 576-long dot product is split over threads --------------------
+
+def dot_serial(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """One thread, one element at a time (stages 1-4)."""
+    return (q * k).sum(-1)
+
+
+def dot_warp(q: torch.Tensor, k: torch.Tensor, lanes: int = 32) -> torch.Tensor:
+    """Stage 5: lane l sums elements l, l+32, ...; then an xor-shuffle butterfly adds the 32 partials."""
+    prod = q * k
+    prod = prod.reshape(*prod.shape[:-1], -1, lanes)  # [..., 18, 32]: row i holds elements 32 i .. 32 i + 31
+    partial = prod.sum(-2)  # [..., 32]: lane l's sum
+    offset = lanes // 2
+    while offset:
+        partial = partial + partial[..., torch.arange(lanes) ^ offset]
+        offset //= 2
+    return partial[..., 0]
+
+
+def dot_chunks16(q: torch.Tensor, k: torch.Tensor, lanes: int = 32) -> torch.Tensor:
+    """Stage 6: lane l takes 16-byte chunks (8 bf16) l, l+32, l+64; then the butterfly."""
+    prod = q * k
+    prod = prod.reshape(*prod.shape[:-1], D_QK // 8, 8).sum(-1)  # [..., 72] one sum per chunk
+    pad = torch.zeros(*prod.shape[:-1], 3 * lanes - prod.shape[-1], dtype=prod.dtype)
+    partial = torch.cat([prod, pad], -1).reshape(*prod.shape[:-1], 3, lanes).sum(-2)
+    offset = lanes // 2
+    while offset:
+        partial = partial + partial[..., torch.arange(lanes) ^ offset]
+        offset //= 2
+    return partial[..., 0]
+
+
+DOTS = {"naive": dot_serial, "flash_ht8": dot_serial, "kv_split": dot_serial, "per_head": dot_serial,
+        "warp_per_key": dot_warp, "float4": dot_chunks16, "shared_rows": dot_chunks16}
+
+
+def _kv_rows(w: Workload, b: int, keys: torch.Tensor, traffic: Traffic, width: int = D_QK) -> torch.Tensor:
+    """Look keys up through the block table (4 bytes each) and read ``width`` values of each."""
+    P = w.kv_cache.shape[1]
+    pages = w.block_table[b].long()[keys // P]
+    traffic.add("block table", INT32 * len(keys))
+    traffic.add("kv", BF16 * width * len(keys))
+    return w.kv_cache[pages, keys % P, :width].float()
+
+
+# ---- stage 1 ------------------------------------------------------------------
+
+def model_naive(w: Workload, num_splits: int | None = None):
+    """Per (head, row, stream): all scores, softmax, then every key again for V."""
+    B, T, H, _ = w.q.shape
+    out = torch.empty(B, T, H, D_V)
+    lse = torch.empty(B, T, H)
+    tr = Traffic()
+    for b in range(B):
+        L = int(w.kv_lens[b])
+        for t in range(T):
+            n = L - T + t + 1
+            keys = torch.arange(n)
+            for h in range(H):
+                q = w.q[b, t, h].float()
+                tr.add("q", BF16 * D_QK)
+                k = _kv_rows(w, b, keys, tr)  # phase 1: every key, whole row
+                s = dot_serial(q[None, :], k) * w.scale
+                m = s.max()
+                p = torch.exp(s - m)
+                l = p.sum()
+                v = _kv_rows(w, b, keys, tr, width=D_V)  # phase 3: every key again, V only
+                out[b, t, h] = (p[:, None] * v).sum(0) / l
+                lse[b, t, h] = m + torch.log(l)
+                tr.add("out", BF16 * D_V)
+                tr.add("lse", FP32)
+    return out, lse, tr
+
+
+# ---- stages 2-6: the tiled flash kernel ---------------------------------------
+
+def _flash_block(w: Workload, st, b: int, t: int, heads: range, key_begin: int, key_end: int,
+                 tr: Traffic, dot):
+    """One block of a tiled stage: online softmax over [key_begin, key_end) in tiles.
+
+    Returns the unnormalised accumulator, the running max and the running sum
+    for each head of the block.
+    """
+    nh = len(heads)
+    q = w.q[b, t, heads.start:heads.stop].float()  # [nh, 576]
+    tr.add("q", BF16 * D_QK * nh)
+    m = torch.full((nh,), -math.inf)
+    l = torch.zeros(nh)
+    acc = torch.zeros(nh, D_V)
+    for key0 in range(key_begin, key_end, st.keys_per_tile):
+        keys = torch.arange(key0, min(key0 + st.keys_per_tile, key_end))
+        kv = _kv_rows(w, b, keys, tr)  # the tile, staged once for all heads of the block
+        s = dot(q[:, None, :], kv[None, :, :]) * w.scale  # [nh, n]
+        m_new = torch.maximum(m, s.max(-1).values)
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[:, None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[:, None] + p @ kv[:, :D_V]
+        m = m_new
+    return acc, m, l
+
+
+def model_tiled(stage_id: str):
+    st = _stages.get(stage_id)
+    dot = DOTS[stage_id]
+
+    def model(w: Workload, num_splits: int | None = None):
+        B, T, H, _ = w.q.shape
+        S = (num_splits or 1) if st.splits else 1
+        out = torch.empty(B, T, H, D_V)
+        lse = torch.empty(B, T, H)
+        tr = Traffic()
+        for b in range(B):
+            L = int(w.kv_lens[b])
+            # split boundaries: whole tiles, the same for every row of the stream
+            per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+            for t in range(T):
+                n = L - T + t + 1
+                for h0 in range(0, H, st.head_tile):
+                    heads = range(h0, min(h0 + st.head_tile, H))
+                    parts = []
+                    for split in range(S):
+                        begin, end = split * per_split, min(n, (split + 1) * per_split)
+                        if begin >= end:
+                            parts.append(None)  # writes lse = -inf only
+                            if st.splits:
+                                tr.add("partial lse", FP32 * len(heads))
+                            continue
+                        acc, m, l = _flash_block(w, st, b, t, heads, begin, end, tr, dot)
+                        parts.append((acc / l[:, None], m + torch.log(l)))
+                        if st.splits:
+                            tr.add("partial out", FP32 * D_V * len(heads))
+                            tr.add("partial lse", FP32 * len(heads))
+                    if not st.splits:
+                        o, ls = parts[0]
+                        out[b, t, heads.start:heads.stop], lse[b, t, heads.start:heads.stop] = o, ls
+                        tr.add("out", BF16 * D_V * len(heads))
+                        tr.add("lse", FP32 * len(heads))
+                        continue
+                    # the combine kernel, one block per (row, head)
+                    for i, h in enumerate(heads):
+                        _combine(out, lse, tr, b, t, h, [None if pt is None else (pt[0][i], pt[1][i])
+                                                         for pt in parts], S)
+        return out, lse, tr
+
+    model.__name__ = f"model_{stage_id}"
+    model.__doc__ = f"CPU model of stage {stage_id}: {st.adds}"
+    return model
+
+
+def _combine(out, lse, tr: Traffic, b: int, t: int, h: int, parts: list, S: int) -> None:
+    """The combine kernel for one (stream, row, head): all lse_s, then the live o_s."""
+    tr.add("combine reads lse", FP32 * S)
+    live = [pt for pt in parts if pt is not None]
+    tr.add("combine reads partial out", FP32 * D_V * len(live))
+    mx = max(float(ls) for _, ls in live)
+    wts = torch.tensor([math.exp(float(ls) - mx) for _, ls in live])
+    out[b, t, h] = sum(wt * o for wt, (o, _) in zip(wts, live)) / wts.sum()
+    lse[b, t, h] = mx + math.log(float(wts.sum()))
+    tr.add("out", BF16 * D_V)
+    tr.add("lse", FP32)
+
+
+def model_shared_rows(w: Workload, num_splits: int | None = None):
+    """Stage 7: a block per (head, group of up to 16 rows, split); each key tile serves every row."""
+    st = _stages.get("shared_rows")
+    B, T, H, _ = w.q.shape
+    S = num_splits or 1
+    R = st.rows_per_block
+    out = torch.empty(B, T, H, D_V)
+    lse = torch.empty(B, T, H)
+    tr = Traffic()
+    for b in range(B):
+        L = int(w.kv_lens[b])
+        per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+        for h in range(H):
+            parts = {t: [] for t in range(T)}
+            for t0 in range(0, T, R):
+                rows = list(range(t0, min(t0 + R, T)))
+                n_row = torch.tensor([L - T + t + 1 for t in rows])  # keys each row sees
+                for split in range(S):
+                    begin, end = split * per_split, min(int(n_row.max()), (split + 1) * per_split)
+                    if begin >= end:  # no row sees a key here
+                        for t in rows:
+                            parts[t].append(None)
+                        tr.add("partial lse", FP32 * len(rows))
+                        continue
+                    q = w.q[b, rows, h].float()  # [nr, 576]
+                    tr.add("q", BF16 * D_QK * len(rows))
+                    m = torch.full((len(rows),), -math.inf)
+                    l = torch.zeros(len(rows))
+                    acc = torch.zeros(len(rows), D_V)
+                    for key0 in range(begin, end, st.keys_per_tile):
+                        keys = torch.arange(key0, min(key0 + st.keys_per_tile, end))
+                        kv = _kv_rows(w, b, keys, tr)  # staged once for every row
+                        s = DOTS["shared_rows"](q[:, None, :], kv[None, :, :]) * w.scale
+                        s = s.masked_fill(keys[None, :] >= n_row[:, None], -math.inf)
+                        m_new = torch.maximum(m, s.max(-1).values)
+                        m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                        alpha = torch.exp(m - m_use)
+                        p = torch.exp(s - m_use[:, None])
+                        l = l * alpha + p.sum(-1)
+                        acc = acc * alpha[:, None] + p @ kv[:, :D_V]
+                        m = m_new
+                    for i, t in enumerate(rows):
+                        tr.add("partial lse", FP32)
+                        if l[i] == 0:  # this row's keys end before the split
+                            parts[t].append(None)
+                            continue
+                        parts[t].append((acc[i] / l[i], m[i] + torch.log(l[i])))
+                        tr.add("partial out", FP32 * D_V)
+            for t in range(T):
+                _combine(out, lse, tr, b, t, h, parts[t], S)
+    return out, lse, tr
+
+
+MODELS = {"naive": model_naive, "shared_rows": model_shared_rows,
+          **{s: model_tiled(s) for s in ("flash_ht8", "kv_split", "per_head", "warp_per_key", "float4")}}
+
+
+def run_model(stage_id: str, w: Workload, num_splits: int | None = None):
+    """(out, lse, Traffic) of the stage's model on ``w`` (keep ``w`` small: this is Python loops)."""
+    return MODELS[stage_id](w, num_splits)
+
+
+# ---- the same counts in closed form ------------------------------------------
+
+def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
+    """Bytes the stage's kernels move for problem ``p``, without running anything."""
+    st = _stages.get(stage_id)
+    tr = Traffic()
+    B, T, H = p.streams, p.q_len, p.heads
+    if stage_id == "naive":
+        for L in p.kv_lens:
+            keys = sum(L - T + t + 1 for t in range(T))  # summed over rows
+            tr.add("q", BF16 * D_QK * T * H)
+            tr.add("block table", INT32 * keys * H * 2)
+            tr.add("kv", BF16 * (D_QK + D_V) * keys * H)
+            tr.add("out", BF16 * D_V * T * H)
+            tr.add("lse", FP32 * T * H)
+        return tr
+    S = num_splits if st.splits else 1
+    if stage_id == "shared_rows":
+        R = st.rows_per_block
+        for L in p.kv_lens:
+            per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+            n = [L - T + t + 1 for t in range(T)]
+            for t0 in range(0, T, R):
+                rows = range(t0, min(t0 + R, T))
+                n_max = max(n[t] for t in rows)
+                for s in range(S):
+                    begin = s * per_split
+                    if begin >= n_max:
+                        tr.add("partial lse", FP32 * len(rows) * H)
+                        continue
+                    keys = min(n_max, begin + per_split) - begin
+                    tr.add("q", BF16 * D_QK * len(rows) * H)
+                    tr.add("block table", INT32 * keys * H)
+                    tr.add("kv", BF16 * D_QK * keys * H)
+                    tr.add("partial lse", FP32 * len(rows) * H)
+                    tr.add("partial out", FP32 * D_V * H * sum(1 for t in rows if begin < n[t]))
+            for t in range(T):
+                live = sum(1 for s in range(S) if s * per_split < n[t])
+                tr.add("combine reads lse", FP32 * S * H)
+                tr.add("combine reads partial out", FP32 * D_V * live * H)
+                tr.add("out", BF16 * D_V * H)
+                tr.add("lse", FP32 * H)
+        return tr
+    tiles_of_heads = [min(st.head_tile, H - h0) for h0 in range(0, H, st.head_tile)]
+    for L in p.kv_lens:
+        per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+        for t in range(T):
+            n = L - T + t + 1
+            live = sum(1 for s in range(S) if s * per_split < n)
+            for nh in tiles_of_heads:
+                tr.add("q", BF16 * D_QK * nh * live)
+                tr.add("block table", INT32 * n)
+                tr.add("kv", BF16 * D_QK * n)
+                if st.splits:
+                    tr.add("partial out", FP32 * D_V * nh * live)
+                    tr.add("partial lse", FP32 * nh * S)
+            if st.splits:
+                tr.add("combine reads lse", FP32 * S * H)
+                tr.add("combine reads partial out", FP32 * D_V * live * H)
+            tr.add("out", BF16 * D_V * H)
+            tr.add("lse", FP32 * H)
+    return tr

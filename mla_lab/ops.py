@@ -1,0 +1,155 @@
+"""Calling the stages: one entry point for every rung of the ladder.
+
+``attention(stage, q, kv_cache, block_table, kv_lens, scale)`` runs any stage
+of the registry and returns ``(out, lse)``.  It checks its inputs first (the
+contents too, which costs a host sync); ``check=False`` skips that, for
+timing loops and CUDA-graph capture, where the kernels' own defences remain:
+a stream with a bad length or page id gets NaN, never a stray read.
+
+The CUDA stages are also plain torch ops, ``torch.ops.mla_lab.<stage>``, that
+write into given ``out`` and ``lse``; this module registers their fake
+implementations so they trace under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from . import stages as _stages
+from .problem import D_V, DEFAULT_SCALE, Workload
+from .stages import Stage
+from .validate import check_contents, check_metadata
+
+_FAKES_REGISTERED = False
+
+
+def extension():
+    """The compiled extension (built on first use); registers torch.ops.mla_lab."""
+    from .extension import load
+
+    mod = load()
+    register_fakes()
+    return mod
+
+
+def register_fakes() -> None:
+    """Shape-only implementations of the ops, for meta/fake tensors (torch.compile)."""
+    global _FAKES_REGISTERED
+    if _FAKES_REGISTERED:
+        return
+    for st in _stages.cuda_stages():
+        def fake(q, kv_cache, block_table, kv_lens, scale, *rest, _st=st):
+            num_splits, out, lse = rest if _st.splits else (1, *rest)
+            check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse, device_type=None,
+                           align_bytes=1, name=f"mla_lab::{_st.id}")
+            if _st.splits and not 1 <= num_splits <= _stages.MAX_SPLITS:
+                raise ValueError(f"mla_lab::{_st.id}: num_splits must be in 1..{_stages.MAX_SPLITS}, got {num_splits}")
+            return None
+
+        torch.library.register_fake(st.op_name)(fake)
+    _FAKES_REGISTERED = True
+
+
+def _as_stage(stage: str | Stage) -> Stage:
+    return stage if isinstance(stage, Stage) else _stages.get(stage)
+
+
+@functools.lru_cache(maxsize=None)
+def resident_blocks(stage_id: str, dynamic_smem_bytes: int, device_index: int) -> int:
+    """Blocks of the stage's main kernel one SM holds, as the CUDA runtime says."""
+    st = _stages.get(stage_id)
+    return extension().runtime_occupancy(st.id, st.kernel, dynamic_smem_bytes)
+
+
+def default_num_splits(stage: str | Stage, q: torch.Tensor, kv_cache: torch.Tensor,
+                       block_table: torch.Tensor) -> int:
+    """The split count of :func:`stages.choose_num_splits` for this call's GPU.
+
+    The longest stream is bounded by the block table (``max_pages x
+    page_size``), which the host knows without reading the GPU.
+    """
+    st = _as_stage(stage)
+    if not st.splits:
+        return 1
+    B, T, H, _ = q.shape
+    max_pages, page_size = block_table.shape[1], kv_cache.shape[1]
+    smem = st.smem_bytes(max_pages, page_size)
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _stages.choose_num_splits(st, B, T, H, max_pages * page_size, sms, resident_blocks(st.id, smem, dev))
+
+
+def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: float = DEFAULT_SCALE, *,
+              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+              num_splits: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify attention with one stage of the ladder; returns ``(out, lse)``.
+
+    ``out`` [streams, q_len, heads, 512] bf16 and ``lse`` [streams, q_len, heads]
+    fp32 are allocated unless given.  ``num_splits`` applies to the split
+    stages and the Triton baseline (default: the stage's own rule, 4 for Triton).
+    """
+    st = _as_stage(stage)
+    if check:
+        check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse,
+                       device_type="cuda" if st.is_cuda else None,
+                       align_bytes=st.align_bytes if st.is_cuda else 1, name=st.id)
+        check_contents(q, kv_cache, block_table, kv_lens, name=st.id)
+    B, T, H, _ = q.shape
+    if out is None:
+        out = torch.empty(B, T, H, D_V, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    if st.kind == "triton":
+        from .triton_baseline import triton_verify_attention
+
+        return triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
+                                       num_splits=num_splits or 4, check=False)
+    extension()
+    op = getattr(torch.ops.mla_lab, st.id)
+    if st.splits:
+        ns = num_splits or default_num_splits(st, q, kv_cache, block_table)
+        op(q, kv_cache, block_table, kv_lens, float(scale), int(ns), out, lse)
+    else:
+        op(q, kv_cache, block_table, kv_lens, float(scale), out, lse)
+    return out, lse
+
+
+def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
+           out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> Callable[[], None]:
+    """A no-argument call of ``stage`` on ``w`` for timing loops and graph capture.
+
+    Everything a call can prepare ahead is prepared here (outputs, the split
+    count, the Triton baseline's per-row plan), so the call itself only
+    launches kernels: no allocation but the split scratch, no host sync.
+    """
+    st = _as_stage(stage)
+    if out is None or lse is None:
+        out, lse = w.new_outputs(poison=True)
+    args = w.args()
+    if st.kind == "triton":
+        from .triton_baseline import plan_rows, triton_verify_attention
+
+        plan = plan_rows(w.block_table, w.kv_lens, w.problem.q_len)
+        ns = num_splits or 4
+
+        def call():
+            triton_verify_attention(*args, out, lse, num_splits=ns, plan=plan, check=False)
+    else:
+        extension()
+        op = getattr(torch.ops.mla_lab, st.id)
+        if st.splits:
+            ns = int(num_splits or default_num_splits(st, w.q, w.kv_cache, w.block_table))
+            scale = float(w.scale)
+
+            def call():
+                op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, ns, out, lse)
+        else:
+            scale = float(w.scale)
+
+            def call():
+                op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
+    call.out, call.lse = out, lse  # type: ignore[attr-defined]
+    return call

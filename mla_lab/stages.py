@@ -1,0 +1,164 @@
+"""The stage registry: the one ordered list the tests, the benchmark, the plots
+and the README table all read.
+
+Each stage is one rung of the ladder: one kernel file in ``csrc/`` (or the
+Triton baseline), one chapter, one op in ``torch.ops.mla_lab``.  Its launch
+geometry is written out here in Python, so a reader can do the occupancy
+arithmetic by hand; a test holds it to what the C++ launcher really does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .problem import D_QK, D_V
+
+MAX_SPLITS = 256  # the ops' limit (csrc/bindings.cpp)
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem_bytes: int
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: str
+    number: int
+    title: str
+    chapter: str  # notebook in chapters/
+    adds: str  # what this rung changes, in one line
+    kind: str  # "triton" or "cuda"
+    source: str | None = None  # kernel file in csrc/
+    kernel: str | None = None  # its __global__ function
+    threads: int = 0
+    head_tile: int = 0  # heads that share one pass over the keys
+    keys_per_tile: int = 0  # keys staged in shared memory per step (0: none)
+    kv_row_stride: int = D_QK  # bf16 elements per staged key row (padding included)
+    rows_per_block: int = 1  # query rows of a stream that share one pass over the keys
+    acc_in_smem: bool = True  # output accumulators in shared memory (else registers)
+    splits: bool = False  # split-KV with the combine kernel
+    align_bytes: int = 4  # widest access to q, the cache and out
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def op_name(self) -> str | None:
+        return f"mla_lab::{self.id}" if self.is_cuda else None
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        if not self.is_cuda:
+            return ()
+        return (self.kernel, COMBINE_KERNEL) if self.splits else (self.kernel,)
+
+    def smem_bytes(self, max_pages: int, page_size: int) -> int:
+        """Dynamic shared memory of the main kernel's launch."""
+        if self.id == "naive":
+            # the query in fp32 and one fp32 score per key the block table can address
+            return (D_QK + max_pages * page_size) * 4
+        vectors, tk = self.head_tile * self.rows_per_block, self.keys_per_tile  # queries per block
+        row_addresses = tk * 8
+        key_tile = tk * self.kv_row_stride * 2
+        acc = vectors * D_V if self.acc_in_smem else 0
+        floats = vectors * D_QK + acc + vectors * tk + 3 * vectors  # q, acc, scores, softmax state
+        return row_addresses + key_tile + floats * 4
+
+    def head_tiles(self, heads: int) -> int:
+        return -(-heads // self.head_tile)
+
+    def row_groups(self, q_len: int) -> int:
+        return -(-q_len // self.rows_per_block)
+
+    def launches(self, streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
+                 num_splits: int = 1) -> list[Launch]:
+        """Every kernel launch one call makes, in order."""
+        if not self.is_cuda:
+            raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
+        splits = num_splits if self.splits else 1
+        grid = (self.head_tiles(heads), self.row_groups(q_len), streams * splits)
+        main = Launch(self.kernel, grid, (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
+        if not self.splits:
+            return [main]
+        return [main, Launch(COMBINE_KERNEL, (heads, q_len, streams), (COMBINE_THREADS, 1, 1), 0)]
+
+
+COMBINE_KERNEL = "combine_splits_kernel"
+COMBINE_THREADS = 128
+
+STAGES: tuple[Stage, ...] = (
+    Stage("triton", 0, "Production baseline: vLLM's split-KV MLA decode kernel (Triton)",
+          "00_problem_and_baseline.ipynb",
+          "the yardstick: one decode row per draft token, 16 heads per program, tl.dot, 4 KV splits",
+          "triton"),
+    Stage("naive", 1, "Naive: a block per head and query row", "01_naive.ipynb",
+          "one thread per key for the scores, all scores in shared memory, one thread per output dim",
+          "cuda", "stage01_naive.cu", "naive_kernel", threads=128, head_tile=1),
+    Stage("flash_ht8", 2, "Flash attention over a tile of 8 heads", "02_flash_ht8.ipynb",
+          "32-key tiles in shared memory shared by 8 heads, online softmax; ~71 KB of shared memory",
+          "cuda", "stage02_flash_ht8.cu", "flash_ht8_kernel", threads=128, head_tile=8, keys_per_tile=32,
+          kv_row_stride=D_QK + 2),
+    Stage("kv_split", 3, "KV split: many blocks per query row", "03_kv_split.ipynb",
+          "keys cut into num_splits ranges, one block each, merged by LSE in a combine kernel",
+          "cuda", "stage03_kv_split.cu", "kv_split_kernel", threads=128, head_tile=8, keys_per_tile=32,
+          kv_row_stride=D_QK + 2, splits=True),
+    Stage("per_head", 4, "Per-head blocks, for occupancy", "04_per_head.ipynb",
+          "one head per block, 256 threads, 16-key tiles: ~23 KB of shared memory",
+          "cuda", "stage04_per_head.cu", "per_head_kernel", threads=256, head_tile=1, keys_per_tile=16,
+          kv_row_stride=D_QK + 2, splits=True),
+    Stage("warp_per_key", 5, "A warp per key", "05_warp_per_key.ipynb",
+          "each warp computes one key's 576-wide dot product with a shuffle reduction; 8-key tiles",
+          "cuda", "stage05_warp_per_key.cu", "warp_per_key_kernel", threads=256, head_tile=1, keys_per_tile=8,
+          kv_row_stride=D_QK + 2, splits=True),
+    Stage("float4", 6, "16-byte loads", "06_float4.ipynb",
+          "every hot global and shared-memory access 16 bytes wide; 16-byte alignment checked at the op",
+          "cuda", "stage06_float4.cu", "float4_kernel", threads=256, head_tile=1, keys_per_tile=8,
+          kv_row_stride=D_QK, splits=True, align_bytes=16),
+    Stage("shared_rows", 7, "The draft's rows share every key tile", "07_shared_rows.ipynb",
+          "one block serves up to 16 query rows of a head: each key is staged once for the whole draft",
+          "cuda", "stage07_shared_rows.cu", "shared_rows_kernel", threads=256, head_tile=1, keys_per_tile=8,
+          kv_row_stride=D_QK, splits=True, align_bytes=16, rows_per_block=16, acc_in_smem=False),
+)
+
+_BY_ID = {s.id: s for s in STAGES}
+
+
+def get(stage_id: str) -> Stage:
+    try:
+        return _BY_ID[stage_id]
+    except KeyError:
+        raise KeyError(f"no stage {stage_id!r}; stages are {', '.join(_BY_ID)}") from None
+
+
+def cuda_stages() -> tuple[Stage, ...]:
+    return tuple(s for s in STAGES if s.is_cuda)
+
+
+def choose_num_splits(stage: Stage, streams: int, q_len: int, heads: int, max_kv_len: int,
+                      sms: int, blocks_per_sm: int) -> int:
+    """How many key ranges a split stage cuts each stream into.
+
+    Rule: as many as fit the whole grid into one wave of resident blocks
+    (``sms * blocks_per_sm`` slots; rounding down, because a second, partial
+    wave would cost a whole extra pass), at least one, and no more than there
+    are key tiles in the longest stream (an extra split would have no key).
+    """
+    if not stage.splits:
+        return 1
+    base = streams * stage.row_groups(q_len) * stage.head_tiles(heads)
+    by_slots = max(1, (sms * blocks_per_sm) // base)
+    by_length = max(1, -(-max_kv_len // stage.keys_per_tile))
+    return max(1, min(by_slots, by_length, MAX_SPLITS))

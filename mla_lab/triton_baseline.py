@@ -1,0 +1,286 @@
+"""The production baseline: vLLM's two-stage split-KV MLA decode design, in Triton.
+
+A serving engine that has only a *decode* attention kernel verifies a draft of
+``q_len`` tokens by turning every draft token into its own decode row: row
+``(b, t)`` reads stream ``b``'s pages up to its own causal length
+``kv_lens[b] - q_len + t + 1``.  The kernel never learns that the ``q_len`` rows
+of a stream share almost all their keys, so it reads the shared prefix once per
+row.  That repeated read is what the later chapters of this workbook remove.
+
+The kernel itself has two stages:
+
+1. grid (rows, head groups, splits): each program takes ``BLOCK_H`` heads of one
+   row and one slice ("split") of its keys, gathers the keys through the block
+   table ``BLOCK_N`` at a time, runs an online softmax, and writes the slice's
+   normalized partial output and its log-sum-exp to an fp32 workspace.  Splits
+   exist so that a batch with few rows still fills the GPU.
+2. grid (rows, heads): merges the splits of one head by their log-sum-exp.
+
+Grouping heads matters for MLA: all heads read the same latent KV head, so a
+program that holds 16 heads reads each key once for 16 heads, and the score
+and P.V products become matrix products (``tl.dot``, tensor cores).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Without a GPU, run the kernels in Triton's interpreter (numpy on the CPU).
+# The flag is read when @triton.jit decorates a function, so set it first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .problem import D_LATENT, D_ROPE, D_V  # noqa: E402
+from .validate import check_contents, check_metadata  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _teach_interpreter_bf16():
+    """Make Triton's interpreter treat bf16 as the GPU does; kernels stay unchanged.
+
+    The interpreter holds bf16 tensors as their uint16 bit patterns.  Its tl.dot
+    multiplies those bits (triton-lang/triton#11584: bf16 dot "not supported
+    yet"), and its fp32 -> bf16 cast truncates where the GPU rounds to nearest
+    even, which doubles the rounding error of the output.  Widening bf16 dot
+    operands to fp32 is exact (bf16 is the top half of an fp32).
+    """
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    if getattr(builder, "_mla_lab_bf16", False):
+        return
+    dot, cast = builder.create_dot, builder.cast_impl
+
+    def widen(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        bits = np.asarray(h.data).astype(np.uint32) << 16
+        return interp.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, *args, **kwargs):
+        return dot(self, widen(a), widen(b), d, *args, **kwargs)
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast(self, src, dst_type)
+        x = np.asarray(src.data, dtype=np.float32)
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return interp.TensorHandle(np.where(np.isnan(x), np.uint16(0x7FC0), rounded), tl.bfloat16)
+
+    builder.create_dot, builder.cast_impl = create_dot, cast_impl
+    builder._mla_lab_bf16 = True
+
+
+if INTERPRETED:
+    _teach_interpreter_bf16()
+
+BLOCK_H = 16  # heads per program: tl.dot wants at least 16 rows
+MAX_SPLITS = 1024
+
+
+@dataclass
+class RowPlan:
+    """Verify rows as decode rows: one per (stream, draft token)."""
+
+    block_table: torch.Tensor  # [B*T, max_pages] int32: the row's stream's pages
+    lens: torch.Tensor  # [B*T] int32: the row's causal length
+
+
+def plan_rows(block_table: torch.Tensor, kv_lens: torch.Tensor, q_len: int) -> RowPlan:
+    """Expand streams into decode rows on the inputs' device, with no host sync.
+
+    Row ``b * q_len + t`` gets stream ``b``'s block table and the length
+    ``kv_lens[b] - q_len + t + 1``.  Only tensor ops, so it may run inside
+    CUDA-graph capture or be built once outside a timed loop.
+    """
+    table = block_table.repeat_interleave(q_len, dim=0)
+    t = torch.arange(q_len, device=kv_lens.device, dtype=torch.int32)
+    lens = (kv_lens.to(torch.int32)[:, None] - q_len + 1 + t[None, :]).reshape(-1)
+    return RowPlan(block_table=table, lens=lens)
+
+
+@triton.jit
+def _split_kv_stage1(
+    q_ptr, kv_ptr, table_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
+    scale, q_len, num_heads, page_size, num_splits,
+    stride_qb, stride_qt, stride_qh,
+    stride_kv_page, stride_kv_slot, stride_table,
+    stride_wo_row, stride_wo_head, stride_wo_split,
+    stride_wl_row, stride_wl_head,
+    D_LAT: tl.constexpr, D_PE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    group = tl.program_id(1)
+    split = tl.program_id(2)
+    row64 = row.to(tl.int64)  # workspace offsets can pass 2**31 elements
+
+    offs_h = group * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads  # padded heads load q = 0 and are never stored
+    offs_d = tl.arange(0, D_LAT)
+    offs_pe = D_LAT + tl.arange(0, D_PE)
+
+    # This program's heads of q, latent and RoPE parts: [BLOCK_H, 512], [BLOCK_H, 64].
+    b = row // q_len
+    t = row % q_len
+    q_row = q_ptr + b.to(tl.int64) * stride_qb + t.to(tl.int64) * stride_qt
+    q_head = q_row + offs_h[:, None].to(tl.int64) * stride_qh
+    q_lat = tl.load(q_head + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    q_pe = tl.load(q_head + offs_pe[None, :], mask=mask_h[:, None], other=0.0)
+
+    # This split's keys: [start, end) of the row's causal length.
+    row_len = tl.load(lens_ptr + row)
+    split_len = tl.cdiv(row_len, num_splits)
+    start = split * split_len
+    end = tl.minimum(row_len, start + split_len)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)  # running max
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp
+    acc = tl.zeros([BLOCK_H, D_LAT], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        # Gather through the block table.  Masked keys load no page id and no
+        # cache value: slots past the length may hold anything (NaN, garbage).
+        page = tl.load(table_ptr + row64 * stride_table + pos // page_size, mask=mask_n, other=0)
+        slot = pos % page_size
+        # Page ids near 1e6 times a 576-element stride overflow int32.
+        kv_row = kv_ptr + page.to(tl.int64) * stride_kv_page + slot.to(tl.int64) * stride_kv_slot
+        # As in vLLM, K is read as a [576, BLOCK_N] tile for the score dots and V
+        # as a separate [BLOCK_N, 512] tile for P.V: its interface takes K and V
+        # as two tensors, so it loads them twice even though for MLA they are
+        # the same bytes (the second read mostly hits L1/L2).
+        k_lat = tl.load(kv_row[None, :] + offs_d[:, None], mask=mask_n[None, :], other=0.0)
+        k_pe = tl.load(kv_row[None, :] + offs_pe[:, None], mask=mask_n[None, :], other=0.0)
+
+        # Scores [BLOCK_H, BLOCK_N]: two dots, 512 latent + 64 RoPE dimensions.
+        s = tl.dot(q_lat, k_lat)
+        s += tl.dot(q_pe, k_pe)
+        s = tl.where(mask_n[None, :], s * scale, float("-inf"))
+
+        # Online softmax.  The first block of a split always holds a valid
+        # key, so m_new is finite and exp(m_i - m_new) is never NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(kv_row[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        # P goes to bf16 so the dot runs on tensor cores (as vLLM does).
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # An empty split (start >= end) leaves l_i = 0: it writes lse = -inf
+    # (log 0 = -inf) and zeros, and stage 2 skips it by its lse.
+    safe_l = tl.where(l_i > 0.0, l_i, 1.0)
+    lse = m_i + tl.log(l_i)
+    wo = (ws_out_ptr + row64 * stride_wo_row + offs_h[:, None].to(tl.int64) * stride_wo_head
+          + split * stride_wo_split + offs_d[None, :])
+    tl.store(wo, acc / safe_l[:, None], mask=mask_h[:, None])
+    wl = ws_lse_ptr + row64 * stride_wl_row + offs_h * stride_wl_head + split
+    tl.store(wl, lse, mask=mask_h)
+
+
+@triton.jit
+def _split_kv_stage2(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    q_len, num_splits,
+    stride_wo_row, stride_wo_head, stride_wo_split,
+    stride_wl_row, stride_wl_head,
+    stride_ob, stride_ot, stride_oh,
+    stride_lb, stride_lt, stride_lh,
+    D_LAT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    row64 = row.to(tl.int64)
+    offs_d = tl.arange(0, D_LAT)
+    wo = ws_out_ptr + row64 * stride_wo_row + head * stride_wo_head + offs_d
+    wl = ws_lse_ptr + row64 * stride_wl_row + head * stride_wl_head
+
+    # out = sum_s exp(lse_s - lse) * out_s, with lse = log sum_s exp(lse_s):
+    # the same online rescaling as stage 1, one split at a time.
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([D_LAT], dtype=tl.float32)
+    for s in range(0, num_splits):
+        lse_s = tl.load(wl + s)
+        if lse_s > float("-inf"):  # empty split: no keys, output not written for real
+            o_s = tl.load(wo + s * stride_wo_split)
+            m_new = tl.maximum(m, lse_s)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(lse_s - m_new)
+            acc = acc * alpha + o_s * beta
+            l = l * alpha + beta
+            m = m_new
+
+    b = (row // q_len).to(tl.int64)
+    t = (row % q_len).to(tl.int64)
+    o = out_ptr + b * stride_ob + t * stride_ot + head * stride_oh + offs_d
+    tl.store(o, (acc / l).to(out_ptr.dtype.element_ty))
+    tl.store(lse_ptr + b * stride_lb + t * stride_lt + head * stride_lh, m + tl.log(l))
+
+
+def triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out=None, lse=None, *,
+                            num_splits: int = 4, block_n: int = 32, plan: RowPlan | None = None,
+                            check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify attention as vLLM runs it: one decode row per draft token, split-KV.
+
+    ``num_splits`` (default 4, vLLM's long-standing default) slices every row's
+    keys; ``block_n`` keys are gathered per step.  ``plan`` (from
+    :func:`plan_rows`) may be built once ahead of time.  With ``check=False``
+    the call makes no host sync, so it can be captured in a CUDA graph.
+    """
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"triton: num_splits must be an int in 1 .. {MAX_SPLITS}, got {num_splits!r}")
+    if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"triton: block_n must be a power of two >= 16 (tl.dot's minimum), got {block_n!r}")
+    if check:
+        check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse,
+                       device_type=None, align_bytes=1, name="triton")
+        check_contents(q, kv_cache, block_table, kv_lens, name="triton")
+    B, T, H, _ = q.shape
+    R = B * T
+    if out is None:
+        out = torch.empty(B, T, H, D_V, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
+    if plan is None:
+        plan = plan_rows(block_table, kv_lens, T)
+    elif plan.block_table.shape[0] != R or plan.lens.shape != (R,):
+        raise ValueError(f"triton: plan has {plan.block_table.shape[0]} table rows and lens "
+                         f"{tuple(plan.lens.shape)}, expected {R} rows for q {tuple(q.shape)}")
+
+    # fp32 partials: torch.empty is safe under CUDA-graph capture (graph pool).
+    ws_out = torch.empty(R, H, num_splits, D_V, dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty(R, H, num_splits, dtype=torch.float32, device=q.device)
+
+    grid1 = (R, triton.cdiv(H, BLOCK_H), num_splits)
+    _split_kv_stage1[grid1](
+        q, kv_cache, plan.block_table, plan.lens, ws_out, ws_lse,
+        float(scale), T, H, kv_cache.shape[1], num_splits,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1), plan.block_table.stride(0),
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
+        ws_lse.stride(0), ws_lse.stride(1),
+        D_LAT=D_LATENT, D_PE=D_ROPE, BLOCK_H=BLOCK_H, BLOCK_N=block_n,
+        num_warps=4, num_stages=2,
+    )
+    _split_kv_stage2[(R, H)](
+        ws_out, ws_lse, out, lse,
+        T, num_splits,
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
+        ws_lse.stride(0), ws_lse.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        D_LAT=D_LATENT,
+    )
+    return out, lse
+

@@ -1,0 +1,24 @@
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    # Triton kernels run in its interpreter on CPU tensors; the flag must be set
+    # before any @triton.jit function is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (this machine has none)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def ext():
+    """The compiled extension (built for sm_90 and sm_120 without a GPU, the local arch with one)."""
+    from mla_lab.ops import extension
+
+    return extension()
