@@ -102,7 +102,13 @@ def load(verbose: bool | None = None):
     """
     home = find_cuda_home()
     os.environ["CUDA_HOME"] = str(home)
+    import logging
+
     import torch
+
+    # Without a GPU, cpp_extension warns on import that it found no CUDA runtime;
+    # building for a GPU that is elsewhere is what we mean to do.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     import torch.utils.cpp_extension as cpp
 
     # torch computed its CUDA_HOME when cpp_extension was first imported.

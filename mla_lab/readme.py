@@ -1,0 +1,82 @@
+"""The README's stage table, generated from the registry and the recorded results.
+
+    python -m mla_lab.readme          # rewrite the table in README.md
+    python -m mla_lab.readme --check  # exit 1 if README.md is out of date (the tests run this)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import results as _results
+from . import stages
+from .extension import ROOT
+
+README = ROOT / "README.md"
+BEGIN, END = "<!-- stage-table:begin -->", "<!-- stage-table:end -->"
+# (streams, q_len, heads, prefix) columns of recorded graph-replay times
+COLUMNS = ((1, 9, 8, 16384), (1, 9, 8, 65536), (1, 9, 64, 16384))
+
+
+def table() -> str:
+    h200 = _results.RESULTS / "h200.json"
+    rec = _results.load(h200) if h200.exists() \
+        else _results.load()
+    head = ["#", "stage", "chapter", "what it adds", "threads", "smem/block"]
+    head += [f"H{h} prefix {p // 1024}k µs" for _, _, h, p in COLUMNS]
+    head += ["vs Triton (H8 16k)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    triton = None
+    if rec:
+        r = rec.get("triton", streams=1, q_len=9, heads=8, prefix=16384, page_size=1, scattered=True)
+        triton = r["us_graph"] if r and not r.get("unsupported") else None
+    for s in stages.STAGES:
+        threads = str(s.threads) if s.is_cuda else "Triton"
+        smem = f"{s.smem_bytes(16385 if s.id == 'naive' else 1, 1) / 1024:.1f} KB" if s.is_cuda else "-"
+        if s.id == "naive":
+            smem += " (16k cache)"
+        cells = [str(s.number), f"`{s.id}`", f"[{s.chapter}](chapters/{s.chapter})", s.adds, threads, smem]
+        times = []
+        for B, T, H, P in COLUMNS:
+            r = rec.get(s.id, streams=B, q_len=T, heads=H, prefix=P, page_size=1, scattered=True) if rec else None
+            if r is None:
+                times.append(None)
+                cells.append("—")
+            elif r.get("unsupported"):
+                times.append(None)
+                cells.append("n/a")
+            else:
+                times.append(r["us_graph"])
+                cells.append(f"{r['us_graph']:.0f}")
+        cells.append(f"{triton / times[0]:.2f}x" if triton and times[0] else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    if rec:
+        lines.append("")
+        lines.append(f"Times: {rec.describe()}; CUDA-graph replay, median, L2 flushed, one stream, "
+                     f"`q_len` 9, pages of one token at scattered ids.")
+    else:
+        lines.append("")
+        lines.append("No recorded results yet: run `mla-lab bench` on a GPU.")
+    return "\n".join(lines)
+
+
+def render(text: str) -> str:
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:a] + "\n" + table() + "\n" + text[b:]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = README.read_text()
+    new = render(text)
+    if "--check" in argv:
+        if new != text:
+            print("README.md's stage table is out of date: run `python -m mla_lab.readme`")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
