@@ -126,17 +126,17 @@ void check_args(const Stage& st, const at::Tensor& q, const at::Tensor& kv, cons
   MLA_CHECK(q.stride(3) == 1, op, "q's last dimension must be contiguous (stride 1), got strides ", q.strides());
   MLA_CHECK(kv.stride(2) == 1, op, "kv_cache's last dimension must be contiguous, got strides ", kv.strides());
   MLA_CHECK(bt.stride(1) == 1, op, "block_table's rows must be contiguous, got strides ", bt.strides());
-  MLA_CHECK(lens.is_contiguous(), op, "kv_lens must be contiguous");
+  MLA_CHECK(lens.is_contiguous(), op, "kv_lens must be contiguous, got strides ", lens.strides());
   MLA_CHECK(out.stride(3) == 1, op, "out's last dimension must be contiguous, got strides ", out.strides());
   MLA_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be a finite positive number, got ", scale);
+  if (st.splits)
+    MLA_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, op, "num_splits must be in 1..", kMaxSplits,
+              ", got ", num_splits);
   MLA_CHECK(T <= 65535 && B * std::max<int64_t>(num_splits, 1) <= 65535, op,
               "the grid allows at most 65535 query rows and 65535 streams x splits; got q_len ", T,
               ", streams ", B, ", splits ", num_splits);
   MLA_CHECK(kv.size(0) <= INT32_MAX && (int64_t)bt.size(1) * kv.size(1) <= INT32_MAX, op,
               "page ids and token positions must fit in int32");
-  if (st.splits)
-    MLA_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, op, "num_splits must be in 1..", kMaxSplits,
-                ", got ", num_splits);
 
   // Alignment: the kernels move rows of q, of the cache and of out in units of
   // align_bytes, so every row must start on that boundary.

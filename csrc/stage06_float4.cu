@@ -32,6 +32,7 @@ __device__ __forceinline__ float dot_bf16x8(uint4 raw, float4 q0, float4 q1) {
 
 constexpr int kThreads = 256;
 constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+                                    // (on sm_90 ptxas spills a few bytes to fit: see chapter 6)
 constexpr int kHeadTile = 1;       // heads that share each key tile
 constexpr int kKeysPerTile = 8;    // keys staged in shared memory at a time
 constexpr int kKvStride = kDimQK;  // no reads down a column any more: no padding

@@ -57,7 +57,7 @@ def occupancy(device: DeviceSpec, threads_per_block: int, registers_per_thread: 
     limits["blocks"] = device.max_blocks_per_sm
 
     if registers_per_thread == 0:
-        limits["registers"] = device.max_blocks_per_sm
+        limits["registers"] = 1 << 30  # no registers, no limit
     else:
         regs_per_warp = _round_up(registers_per_thread * 32, device.reg_granularity)
         # The hardware checks a block's registers as if its warps were spread

@@ -21,7 +21,7 @@ import torch
 from . import stages as _stages
 from .problem import D_V, DEFAULT_SCALE, Workload
 from .stages import Stage
-from .validate import check_contents, check_metadata
+from .validate import InputError, check_contents, check_metadata
 
 _FAKES_REGISTERED = False
 
@@ -55,6 +55,17 @@ def register_fakes() -> None:
 
 def _as_stage(stage: str | Stage) -> Stage:
     return stage if isinstance(stage, Stage) else _stages.get(stage)
+
+
+def _check_splits(st: Stage, num_splits) -> None:
+    """``None`` means "the stage's rule"; anything else must be a count the stage accepts."""
+    if num_splits is None:
+        return
+    from .triton_baseline import MAX_SPLITS as TRITON_MAX
+    most = TRITON_MAX if st.kind == "triton" else _stages.MAX_SPLITS
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 1 <= num_splits <= most:
+        raise InputError(f"{st.id}: num_splits must be an int in 1..{most} (or None for the stage's rule), "
+                         f"got {num_splits!r}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,6 +103,7 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
     stages and the Triton baseline (default: the stage's own rule, 4 for Triton).
     """
     st = _as_stage(stage)
+    _check_splits(st, num_splits)
     if check:
         check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse,
                        device_type="cuda" if st.is_cuda else None,
@@ -106,11 +118,11 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
         from .triton_baseline import triton_verify_attention
 
         return triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
-                                       num_splits=num_splits or 4, check=False)
+                                       num_splits=4 if num_splits is None else num_splits, check=False)
     extension()
     op = getattr(torch.ops.mla_lab, st.id)
     if st.splits:
-        ns = num_splits or default_num_splits(st, q, kv_cache, block_table)
+        ns = num_splits if num_splits is not None else default_num_splits(st, q, kv_cache, block_table)
         op(q, kv_cache, block_table, kv_lens, float(scale), int(ns), out, lse)
     else:
         op(q, kv_cache, block_table, kv_lens, float(scale), out, lse)
@@ -126,6 +138,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
     launches kernels: no allocation but the split scratch, no host sync.
     """
     st = _as_stage(stage)
+    _check_splits(st, num_splits)
     if out is None or lse is None:
         out, lse = w.new_outputs(poison=True)
     args = w.args()
@@ -133,7 +146,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
         from .triton_baseline import plan_rows, triton_verify_attention
 
         plan = plan_rows(w.block_table, w.kv_lens, w.problem.q_len)
-        ns = num_splits or 4
+        ns = 4 if num_splits is None else num_splits
 
         def call():
             triton_verify_attention(*args, out, lse, num_splits=ns, plan=plan, check=False)
@@ -141,7 +154,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
         extension()
         op = getattr(torch.ops.mla_lab, st.id)
         if st.splits:
-            ns = int(num_splits or default_num_splits(st, w.q, w.kv_cache, w.block_table))
+            ns = int(num_splits if num_splits is not None else default_num_splits(st, w.q, w.kv_cache, w.block_table))
             scale = float(w.scale)
 
             def call():

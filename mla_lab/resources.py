@@ -43,7 +43,7 @@ class KernelResources:
     barriers: int
 
 
-_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)[af]?'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
@@ -53,7 +53,8 @@ _BARRIERS = re.compile(r"used (\d+) barriers")
 def kernel_name(mangled: str) -> str:
     """The last identifier of an Itanium-mangled nested name: the kernel's own name."""
     names = []
-    i = mangled.find("N") + 1 if mangled.startswith("_ZN") else 2
+    nested = mangled.startswith("_ZN")
+    i = 3 if nested else 2
     while i < len(mangled) and mangled[i].isdigit():
         j = i
         while mangled[j].isdigit():
@@ -61,6 +62,8 @@ def kernel_name(mangled: str) -> str:
         n = int(mangled[i:j])
         names.append(mangled[j:j + n])
         i = j + n
+        if not nested:  # _Z<len><name><parameter types>: the name is the first identifier
+            break
     return names[-1] if names else mangled
 
 

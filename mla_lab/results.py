@@ -56,8 +56,12 @@ class Recorded:
 
     def describe(self) -> str:
         dates = sorted({r["date"][:10] for r in self.runs})
+        try:
+            where = self.path.resolve().relative_to(ROOT)
+        except ValueError:  # a results file outside the repository (bench --out)
+            where = self.path
         return (f"recorded on {self.gpu} by `mla-lab bench` ({', '.join(dates)}), "
-                f"{len(self.records)} measurements in {self.path.relative_to(ROOT)}")
+                f"{len(self.records)} measurements in {where}")
 
 
 def load(path: Path | str | None = None) -> Recorded | None:

@@ -1,0 +1,134 @@
+"""The stage registry: order, files, kernels, ops, split rule, shared-memory sizes."""
+
+import re
+
+import pytest
+import torch
+
+from mla_lab import stages
+from mla_lab.extension import CSRC
+from mla_lab.stages import COMBINE_KERNEL, MAX_SPLITS, STAGES, choose_num_splits
+
+CUDA = stages.cuda_stages()
+
+
+def test_order_numbers_and_ids():
+    assert [s.number for s in STAGES] == list(range(len(STAGES)))
+    assert STAGES[0].id == "triton" and STAGES[0].kind == "triton" and not STAGES[0].is_cuda
+    assert all(s.kind == "cuda" for s in STAGES[1:])
+    ids = [s.id for s in STAGES]
+    assert len(set(ids)) == len(ids)
+    assert ids == ["triton", "naive", "flash_ht8", "kv_split", "per_head", "warp_per_key", "float4", "shared_rows"]
+    assert [s.id for s in CUDA] == ids[1:]
+    # chapters are numbered like their stage
+    for s in STAGES:
+        assert s.chapter.startswith(f"{s.number:02d}_") and s.chapter.endswith(".ipynb")
+    # every stage after kv_split keeps the split-KV design
+    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True]
+
+
+def test_get_and_names():
+    assert stages.get("float4") is STAGES[6]
+    with pytest.raises(KeyError, match="no stage 'float5'; stages are triton, naive"):
+        stages.get("float5")
+    assert STAGES[0].op_name is None and STAGES[0].kernels == ()
+    assert stages.get("naive").op_name == "mla_lab::naive"
+    assert stages.get("naive").kernels == ("naive_kernel",)
+    assert stages.get("per_head").kernels == ("per_head_kernel", COMBINE_KERNEL)
+    with pytest.raises(ValueError, match="not a CUDA stage"):
+        STAGES[0].launches(1, 1, 1, 1, 1)
+
+
+def _global_functions(path):
+    text = path.read_text()
+    return set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", text))
+
+
+@pytest.mark.parametrize("st", CUDA, ids=lambda s: s.id)
+def test_source_file_and_kernel(st):
+    path = CSRC / st.source
+    assert path.is_file(), path
+    assert st.source.startswith(f"stage{st.number:02d}_")
+    assert st.kernel in _global_functions(path), f"no __global__ {st.kernel} in {st.source}"
+    assert st.kernel == f"{st.id}_kernel"
+    if st.splits:
+        assert COMBINE_KERNEL in _global_functions(CSRC / "combine_splits.cu")
+
+
+def test_ops_and_extension_stage_ids(ext):
+    assert list(ext.stage_ids()) == [s.id for s in CUDA]
+    for st in CUDA:
+        op = getattr(torch.ops.mla_lab, st.id)
+        assert op.default.name() == st.op_name
+    assert not hasattr(torch.ops.mla_lab, "triton")
+
+
+# ---- choose_num_splits -----------------------------------------------------------
+
+get = stages.get
+
+
+@pytest.mark.parametrize("stage, args, expect", [
+    # per_head: a block per (head, row, split). base = 1 * 9 * 8 = 72 blocks; 132 SMs x 6 = 792 slots;
+    # 792 // 72 = 11; tiles of 16 in 1009 keys: 64.  -> 11
+    ("per_head", (1, 9, 8, 1009, 132, 6), 11),
+    # kv_split: 8 heads per block. base = 2 * 9 * ceil(64/8) = 144; 132 x 3 = 396; 396 // 144 = 2 -> 2
+    ("kv_split", (2, 9, 64, 1009, 132, 3), 2),
+    # more blocks than slots already (8 * 16 * 64 = 8192 > 792): at least 1
+    ("per_head", (8, 16, 64, 5000, 132, 6), 1),
+    # the SM cannot hold a block at all (0 slots): still 1
+    ("float4", (1, 9, 8, 5000, 132, 0), 1),
+    # shared_rows: 17 rows = 2 groups of 16. base = 1 * 2 * 8 = 16; 188 x 4 = 752; 752 // 16 = 47;
+    # but 30 keys make only ceil(30/8) = 4 tiles  -> 4
+    ("shared_rows", (1, 17, 8, 30, 188, 4), 4),
+    # warp_per_key: base 1; 1056 slots; 100000 keys = 12500 tiles of 8; capped at MAX_SPLITS = 256
+    ("warp_per_key", (1, 1, 1, 100000, 132, 8), 256),
+    # exactly one tile (8 keys): 1 split even with free slots
+    ("float4", (1, 1, 1, 8, 132, 8), 1),
+    # 9 keys: 2 tiles of 8
+    ("float4", (1, 1, 1, 9, 132, 8), 2),
+    # stages without splits: always 1
+    ("naive", (1, 1, 1, 100000, 132, 8), 1),
+    ("flash_ht8", (1, 1, 1, 100000, 132, 8), 1),
+])
+def test_choose_num_splits(stage, args, expect):
+    assert choose_num_splits(get(stage), *args) == expect
+    assert 1 <= expect <= MAX_SPLITS
+
+
+# ---- shared memory of the main launch --------------------------------------------
+
+def test_smem_bytes():
+    # flash_ht8: 32 row addresses x 8 B = 256; the key tile 32 x (576 + 2 padding) x 2 B = 36992;
+    # fp32: q 8 x 576 = 4608, acc 8 x 512 = 4096, scores 8 x 32 = 256, state 3 x 8 = 24 -> 8984 x 4 = 35936.
+    # 256 + 36992 + 35936 = 73184
+    for mp, ps in ((1, 1), (1000, 1), (7, 64)):
+        assert get("flash_ht8").smem_bytes(mp, ps) == 73184
+        assert get("kv_split").smem_bytes(mp, ps) == 73184  # the same tile, split over blocks
+    # per_head: 16 x 8 = 128; 16 x 578 x 2 = 18496; (576 + 512 + 16 + 3) x 4 = 4428 -> 23052
+    for mp, ps in ((1, 1), (4096, 16), (3, 64)):
+        assert get("per_head").smem_bytes(mp, ps) == 23052
+    # warp_per_key: 8 x 8 = 64; 8 x 578 x 2 = 9248; (576 + 512 + 8 + 3) x 4 = 4396 -> 13708
+    assert get("warp_per_key").smem_bytes(5, 16) == 13708
+    # float4: no padding: 8 x 576 x 2 = 9216 -> 64 + 9216 + 4396 = 13676
+    assert get("float4").smem_bytes(5, 16) == 13676
+    # shared_rows: 16 rows, accumulators in registers: 64 + 9216 + (16 x 576 + 16 x 8 + 3 x 16) x 4
+    #   = 64 + 9216 + (9216 + 128 + 48) x 4 = 64 + 9216 + 37568 = 46848
+    assert get("shared_rows").smem_bytes(5, 16) == 46848
+    # naive: fp32 query + one fp32 score per key the table can address
+    assert get("naive").smem_bytes(7, 16) == (576 + 7 * 16) * 4 == 2752
+    assert get("naive").smem_bytes(1000, 1) == (576 + 1000) * 4
+    assert get("naive").smem_bytes(1, 64) == (576 + 64) * 4
+
+
+def test_launches_geometry_by_hand():
+    # shared_rows, 3 streams, 17 rows (2 groups), 5 heads, 7 splits:
+    # main grid (heads, row groups, streams * splits) = (5, 2, 21); combine (heads, rows, streams) = (5, 17, 3)
+    main, comb = get("shared_rows").launches(3, 17, 5, 10, 16, num_splits=7)
+    assert (main.kernel, main.grid, main.block, main.dynamic_smem_bytes) == (
+        "shared_rows_kernel", (5, 2, 21), (256, 1, 1), 46848)
+    assert (comb.kernel, comb.grid, comb.block, comb.dynamic_smem_bytes) == (COMBINE_KERNEL, (5, 17, 3), (128, 1, 1), 0)
+    assert main.blocks == 210 and main.threads_per_block == 256
+    # flash_ht8, 9 heads -> 2 head tiles (8 + 1); no split, num_splits ignored
+    (only,) = get("flash_ht8").launches(2, 3, 9, 10, 16, num_splits=7)
+    assert only.grid == (2, 3, 2) and only.block == (128, 1, 1)
