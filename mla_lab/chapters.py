@@ -139,7 +139,7 @@ def _ceilings():
     return measure_ceilings()
 
 
-def measure(stage_ids, problems, *, rep_ms: float = 40.0, num_splits: dict | None = None) -> list[dict]:
+def measure(stage_ids, problems, *, rep_ms: float = 25.0, num_splits: dict | None = None) -> list[dict]:
     """Check then time each stage on each problem, now, on this GPU (graph replay, L2 flushed)."""
     from . import ops
     from .reference import reference_attention

@@ -45,7 +45,8 @@ for s in "$@"; do
       done ;;
     chapters)
       step chapters
-      $PY -m mla_lab.cli chapters execute 2>&1 | tail -n 30 | tee "$OUT/chapters.log"
+      $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
+      tar czf "$OUT/chapters.tgz" chapters/*.ipynb
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     *) echo "unknown step $s" ;;
   esac
