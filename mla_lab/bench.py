@@ -59,6 +59,8 @@ def _peer_runner(name: str, w):
 
     FlashMLA wants pages of 64 and takes the draft as extra query rows with
     ``causal=True``; the returned closure writes (out, lse) in our layout.
+    Not yet exercised: neither library is installed on the H200 this project
+    was measured on, so no recorded result comes from this adapter.
     """
     if name == "flashmla":
         import flash_mla
