@@ -235,6 +235,23 @@ def main(argv=None) -> int:
     return 0
 
 
+def draw_prefix_panel(ax, records: list[dict], stage_ids, title: str) -> None:
+    """One panel: time against prefix, a line per stage, the floor dashed (bench and chapters share it)."""
+    for sid in stage_ids:
+        pts = sorted((r["prefix"], r["us_graph"]) for r in records if r["stage"] == sid and not r.get("unsupported"))
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=sid)
+    fl = sorted({(r["prefix"], r["floor_us"]) for r in records})
+    if fl:
+        ax.plot(*zip(*fl), "k--", label="floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prefix (tokens before the draft)")
+    ax.set_ylabel("µs per call (CUDA graph replay)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def plot(rec: "_results.Recorded", path, stage_order=None):
     """Time against prefix, one line per stage, the floor dashed; a panel per shape family."""
     import matplotlib
@@ -254,18 +271,7 @@ def plot(rec: "_results.Recorded", path, stage_order=None):
     fig, axes = plt.subplots(1, len(fams), figsize=(6 * len(fams), 4.6), squeeze=False)
     for ax, (key, rs) in zip(axes[0], sorted(fams.items())):
         B, T, H, P, sc = key
-        for sid in order:
-            pts = sorted((r["prefix"], r["us_graph"]) for r in rs if r["stage"] == sid)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=sid)
-        fl = sorted({(r["prefix"], r["floor_us"]) for r in rs})
-        ax.plot(*zip(*fl), "k--", label="floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("prefix (tokens before the draft)")
-        ax.set_ylabel("µs per call (CUDA graph replay)")
-        ax.set_title(f"streams {B}, q_len {T}, heads {H}, pages of {P}{' scattered' if sc else ''}")
-        ax.grid(True, which="both", alpha=0.3)
+        draw_prefix_panel(ax, rs, order, f"streams {B}, q_len {T}, heads {H}, pages of {P}{' scattered' if sc else ''}")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{rec.gpu}: {rec.path.name}")
     fig.tight_layout()

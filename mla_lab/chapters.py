@@ -230,6 +230,8 @@ def plot_prefix(records: list[dict], stage_ids, source: str = ""):
     """Time against prefix, a panel per head count, the floor dashed."""
     import matplotlib.pyplot as plt
 
+    from .bench import draw_prefix_panel
+
     heads = sorted({r["heads"] for r in records}, reverse=True)
     if not heads:
         print("nothing to plot")
@@ -237,19 +239,7 @@ def plot_prefix(records: list[dict], stage_ids, source: str = ""):
     fig, axes = plt.subplots(1, len(heads), figsize=(6 * len(heads), 4.2), squeeze=False)
     for ax, H in zip(axes[0], heads):
         rs = [r for r in records if r["heads"] == H]
-        for s in stage_ids:
-            pts = sorted((r["prefix"], r["us_graph"]) for r in rs if r["stage"] == s and not r.get("unsupported"))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=s)
-        fl = sorted({(r["prefix"], r["floor_us"]) for r in rs})
-        if fl:
-            ax.plot(*zip(*fl), "k--", label="floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("prefix (tokens before the draft)")
-        ax.set_ylabel("µs per call (graph replay)")
-        ax.set_title(f"{H} heads, one stream, q_len {rs[0]['q_len'] if rs else '?'}")
-        ax.grid(True, which="both", alpha=0.3)
+        draw_prefix_panel(ax, rs, stage_ids, f"{H} heads, one stream, q_len {rs[0]['q_len'] if rs else '?'}")
         ax.legend(fontsize=8)
     if source:
         fig.suptitle(source, fontsize=9)
