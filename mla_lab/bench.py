@@ -122,7 +122,7 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", nargs="+", type=int, default=list(DEFAULT_PREFIXES))
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
-    ap.add_argument("--triton-splits", type=int, default=4, help="KV splits of the Triton baseline")
+    ap.add_argument("--triton-splits", type=int, default=stages.TRITON_DEFAULT_SPLITS, help="KV splits of the Triton baseline")
     ap.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per measurement")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
     ap.add_argument("--no-peers", action="store_true", help="skip FlashMLA / FlashInfer even if importable")

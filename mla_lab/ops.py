@@ -115,10 +115,10 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
     if lse is None:
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     if st.kind == "triton":
-        from .triton_baseline import triton_verify_attention
+        from .triton_baseline import DEFAULT_SPLITS, triton_verify_attention
 
         return triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
-                                       num_splits=4 if num_splits is None else num_splits, check=False)
+                                       num_splits=num_splits or DEFAULT_SPLITS, check=False)
     extension()
     op = getattr(torch.ops.mla_lab, st.id)
     if st.splits:
@@ -143,10 +143,10 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
         out, lse = w.new_outputs(poison=True)
     args = w.args()
     if st.kind == "triton":
-        from .triton_baseline import plan_rows, triton_verify_attention
+        from .triton_baseline import DEFAULT_SPLITS, plan_rows, triton_verify_attention
 
         plan = plan_rows(w.block_table, w.kv_lens, w.problem.q_len)
-        ns = 4 if num_splits is None else num_splits
+        ns = num_splits or DEFAULT_SPLITS  # 0 was rejected by _check_splits
 
         def call():
             triton_verify_attention(*args, out, lse, num_splits=ns, plan=plan, check=False)

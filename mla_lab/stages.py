@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .problem import D_QK, D_V
 
 MAX_SPLITS = 256  # the ops' limit (csrc/bindings.cpp)
+TRITON_DEFAULT_SPLITS = 4  # the production baseline's KV splits: vLLM's long-standing default
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .problem import D_LATENT, D_ROPE, D_V  # noqa: E402
+from .stages import TRITON_DEFAULT_SPLITS as DEFAULT_SPLITS  # noqa: E402
 from .validate import check_contents, check_metadata  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -229,7 +230,7 @@ def _split_kv_stage2(
 
 
 def triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out=None, lse=None, *,
-                            num_splits: int = 4, block_n: int = 32, plan: RowPlan | None = None,
+                            num_splits: int = DEFAULT_SPLITS, block_n: int = 32, plan: RowPlan | None = None,
                             check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify attention as vLLM runs it: one decode row per draft token, split-KV.
 
