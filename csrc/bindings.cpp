@@ -31,8 +31,10 @@ MLA_DECLARE_STAGE(per_head)
 MLA_DECLARE_STAGE(warp_per_key)
 MLA_DECLARE_STAGE(float4)
 MLA_DECLARE_STAGE(shared_rows)
+MLA_DECLARE_STAGE(tensor_core)
 MLA_DECLARE_STAGE(combine)
 #undef MLA_DECLARE_STAGE
+cudaError_t float4_reads_launch(const MlaParams& p, unsigned* sink, cudaStream_t stream);
 
 namespace {
 
@@ -81,6 +83,9 @@ const Stage kStages[] = {
     {"shared_rows", shared_rows_geometry, shared_rows_launch, shared_rows_kernels, true, 16,
      "the shared_rows stage moves q, the cache and out in 16-byte units; use stage warp_per_key for "
      "tensors that are not 16-byte aligned"},
+    {"tensor_core", tensor_core_geometry, tensor_core_launch, tensor_core_kernels, true, 16,
+     "the tensor_core stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key "
+     "for tensors that are not 16-byte aligned"},
 };
 
 constexpr int kMaxSplits = 256;
@@ -247,6 +252,7 @@ MLA_SPLIT_OP(per_head)
 MLA_SPLIT_OP(warp_per_key)
 MLA_SPLIT_OP(float4)
 MLA_SPLIT_OP(shared_rows)
+MLA_SPLIT_OP(tensor_core)
 
 // ---- helpers for Python -----------------------------------------------------
 
@@ -338,6 +344,22 @@ int runtime_occupancy(const std::string& stage, const std::string& kernel, int64
   MLA_CHECK(false, "mla_lab: stage ", stage, " has no kernel named ", kernel);
 }
 
+// The probe of chapter 6: float4's grid and loads with no arithmetic (probe_float4_reads.cu).
+void probe_float4_reads(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens,
+                        int64_t num_splits, at::Tensor& sink) {
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), kDimV}, q.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  check_args(find_stage("float4"), q, kv, bt, lens, 1.0, out, lse, num_splits);
+  MLA_CHECK(sink.scalar_type() == at::kInt && sink.is_contiguous() && sink.device() == q.device() &&
+                sink.numel() >= q.size(1) * q.size(2) * q.size(0) * num_splits,
+            "probe_float4_reads: sink must be a contiguous int32 tensor on q's device with a word per block");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const MlaParams p = make_params(q, kv, bt, lens, 1.0, out, lse, num_splits);
+  const cudaError_t err = float4_reads_launch(p, reinterpret_cast<unsigned*>(sink.data_ptr<int>()),
+                                              c10::cuda::getCurrentCUDAStream().stream());
+  MLA_CHECK(err == cudaSuccess, "probe_float4_reads: launch failed: ", cudaGetErrorString(err));
+}
+
 py::dict device_limits(int64_t device) {
   cudaDeviceProp prop;
   C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, (int)device));
@@ -372,6 +394,7 @@ TORCH_LIBRARY(mla_lab, m) {
   m.def((std::string("warp_per_key") + split).c_str());
   m.def((std::string("float4") + split).c_str());
   m.def((std::string("shared_rows") + split).c_str());
+  m.def((std::string("tensor_core") + split).c_str());
 }
 
 // The same functions serve CPU tensors, so that a call with tensors on the
@@ -383,7 +406,8 @@ TORCH_LIBRARY(mla_lab, m) {
   m.impl("per_head", &mla::per_head_op);      \
   m.impl("warp_per_key", &mla::warp_per_key_op); \
   m.impl("float4", &mla::float4_op);            \
-  m.impl("shared_rows", &mla::shared_rows_op);
+  m.impl("shared_rows", &mla::shared_rows_op);      \
+  m.impl("tensor_core", &mla::tensor_core_op);
 TORCH_LIBRARY_IMPL(mla_lab, CUDA, m) { MLA_IMPLS(m) }
 TORCH_LIBRARY_IMPL(mla_lab, CPU, m) { MLA_IMPLS(m) }
 
@@ -396,6 +420,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_attributes", &mla::kernel_attributes, "cudaFuncGetAttributes of each kernel of a stage.");
   m.def("runtime_occupancy", &mla::runtime_occupancy,
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor for a kernel at a dynamic shared memory size.");
+  m.def("probe_float4_reads", &mla::probe_float4_reads,
+        "Stage 6's grid and 16-byte loads with no arithmetic: a floor for a block per (row, head).",
+        py::arg("q"), py::arg("kv_cache"), py::arg("block_table"), py::arg("kv_lens"), py::arg("num_splits"),
+        py::arg("sink"));
   m.def("device_limits", &mla::device_limits, "cudaGetDeviceProperties, the fields occupancy needs.",
         py::arg("device") = 0);
 }

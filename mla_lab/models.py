@@ -264,7 +264,75 @@ def model_shared_rows(w: Workload, num_splits: int | None = None):
     return out, lse, tr
 
 
-MODELS = {"naive": model_naive, "shared_rows": model_shared_rows,
+def _pair_tiles(st, L: int, T: int, H: int, S: int):
+    """Stage 8's blocks of one stream: (pairs [(t, h)], keys each pair sees, split, key range)."""
+    per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+    pairs = [(t, h) for t in range(T) for h in range(H)]  # row-major, head fastest
+    for p0 in range(0, len(pairs), st.pair_tile):
+        tile = pairs[p0:p0 + st.pair_tile]
+        n = [L - T + t + 1 for t, _ in tile]
+        for split in range(S):
+            begin = split * per_split
+            yield tile, n, split, begin, min(max(n), begin + per_split)
+
+
+def model_tensor_core(w: Workload, num_splits: int | None = None, round_p: bool = True):
+    """Stage 8: a block per 16 (row, head) pairs and split; S = Q K^T and O += P V as matrix products.
+
+    What the tensor cores change in the numbers: the products take bf16 operands
+    with fp32 sums, so P is rounded to bf16 before it multiplies V (its fp32 sum
+    l is not); the softmax runs in base 2 on scores pre-multiplied by log2(e).
+    ``round_p=False`` keeps P in fp32, which leaves only the order of the sums
+    different from the reference.
+    """
+    st = _stages.get("tensor_core")
+    B, T, H, _ = w.q.shape
+    S = num_splits or 1
+    out = torch.empty(B, T, H, D_V)
+    lse = torch.empty(B, T, H)
+    tr = Traffic()
+    log2e = 1.0 / math.log(2.0)
+    for b in range(B):
+        L = int(w.kv_lens[b])
+        parts = {(t, h): [] for t in range(T) for h in range(H)}
+        for tile, n, split, begin, end in _pair_tiles(st, L, T, H, S):
+            tr.add("partial lse", FP32 * len(tile))
+            if begin >= end:  # no pair of the tile sees a key here
+                for pr in tile:
+                    parts[pr].append(None)
+                continue
+            q = torch.stack([w.q[b, t, h] for t, h in tile]).float()  # bf16 values, held exactly
+            tr.add("q", BF16 * D_QK * len(tile))
+            lens = torch.tensor([min(x, end) for x in n])
+            m = torch.full((len(tile),), -math.inf)
+            l = torch.zeros(len(tile))
+            acc = torch.zeros(len(tile), D_V)
+            for key0 in range(begin, end, st.keys_per_tile):
+                keys = torch.arange(key0, min(key0 + st.keys_per_tile, end))
+                kv = _kv_rows(w, b, keys, tr)
+                s = (q @ kv.T) * (w.scale * log2e)
+                s = s.masked_fill(keys[None, :] >= lens[:, None], -math.inf)
+                m_new = torch.maximum(m, s.max(-1).values)
+                m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                alpha = torch.exp2(m - m_use)
+                p = torch.exp2(s - m_use[:, None])
+                l = l * alpha + p.sum(-1)
+                p_v = p.bfloat16().float() if round_p else p
+                acc = acc * alpha[:, None] + p_v @ kv[:, :D_V]
+                m = m_new
+            for i, pr in enumerate(tile):
+                if l[i] == 0:  # this pair's keys end before the split
+                    parts[pr].append(None)
+                    continue
+                parts[pr].append((acc[i] / l[i], (m[i] + torch.log2(l[i])) * math.log(2.0)))
+                tr.add("partial out", FP32 * D_V)
+        for t in range(T):
+            for h in range(H):
+                _combine(out, lse, tr, b, t, h, parts[(t, h)], S)
+    return out, lse, tr
+
+
+MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,
           **{s: model_tiled(s) for s in ("flash_ht8", "kv_split", "per_head", "warp_per_key", "float4")}}
 
 
@@ -290,6 +358,23 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
             tr.add("lse", FP32 * T * H)
         return tr
     S = num_splits if st.splits else 1
+    if stage_id == "tensor_core":
+        for L in p.kv_lens:
+            for tile, n, split, begin, end in _pair_tiles(st, L, T, H, S):
+                tr.add("partial lse", FP32 * len(tile))
+                if begin >= end:
+                    continue
+                tr.add("q", BF16 * D_QK * len(tile))
+                tr.add("block table", INT32 * (end - begin))
+                tr.add("kv", BF16 * D_QK * (end - begin))
+                tr.add("partial out", FP32 * D_V * sum(1 for x in n if begin < x))
+            for t in range(T):
+                live = sum(1 for s in range(S) if s * (-(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile) < L - T + t + 1)
+                tr.add("combine reads lse", FP32 * S * H)
+                tr.add("combine reads partial out", FP32 * D_V * live * H)
+                tr.add("out", BF16 * D_V * H)
+                tr.add("lse", FP32 * H)
+        return tr
     if stage_id == "shared_rows":
         R = st.rows_per_block
         for L in p.kv_lens:

@@ -51,6 +51,7 @@ class Stage:
     acc_in_smem: bool = True  # output accumulators in shared memory (else registers)
     splits: bool = False  # split-KV with the combine kernel
     align_bytes: int = 4  # widest access to q, the cache and out
+    pair_tile: int = 0  # (query row, head) pairs of a stream per block, flattened (tensor cores); 0: unused
 
     @property
     def is_cuda(self) -> bool:
@@ -71,6 +72,10 @@ class Stage:
         if self.id == "naive":
             # the query in fp32 and one fp32 score per key the block table can address
             return (D_QK + max_pages * page_size) * 4
+        if self.pair_tile:
+            # bf16 queries, two bf16 key tiles (rows padded), fp32 scores with 4 floats of padding per row
+            rows = self.pair_tile * self.kv_row_stride * 2
+            return rows + 2 * self.keys_per_tile * self.kv_row_stride * 2 + self.pair_tile * (self.keys_per_tile + 4) * 4
         vectors, tk = self.head_tile * self.rows_per_block, self.keys_per_tile  # queries per block
         row_addresses = tk * 8
         key_tile = tk * self.kv_row_stride * 2
@@ -84,14 +89,24 @@ class Stage:
     def row_groups(self, q_len: int) -> int:
         return -(-q_len // self.rows_per_block)
 
+    def blocks_per_split(self, q_len: int, heads: int) -> int:
+        """Blocks that share one key range of one stream."""
+        if self.pair_tile:
+            return -(-(q_len * heads) // self.pair_tile)
+        return self.head_tiles(heads) * self.row_groups(q_len)
+
+    def grid(self, streams: int, q_len: int, heads: int, splits: int) -> tuple[int, int, int]:
+        if self.pair_tile:
+            return (self.blocks_per_split(q_len, heads), 1, streams * splits)
+        return (self.head_tiles(heads), self.row_groups(q_len), streams * splits)
+
     def launches(self, streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
                  num_splits: int = 1) -> list[Launch]:
         """Every kernel launch one call makes, in order."""
         if not self.is_cuda:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
-        grid = (self.head_tiles(heads), self.row_groups(q_len), streams * splits)
-        main = Launch(self.kernel, grid, (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
+        main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
         return [main, Launch(COMBINE_KERNEL, (heads, q_len, streams), (COMBINE_THREADS, 1, 1), 0)]
@@ -132,6 +147,10 @@ STAGES: tuple[Stage, ...] = (
           "one block serves up to 16 query rows of a head: each key is staged once for the whole draft",
           "cuda", "stage07_shared_rows.cu", "shared_rows_kernel", threads=256, head_tile=1, keys_per_tile=8,
           kv_row_stride=D_QK, splits=True, align_bytes=16, rows_per_block=16, acc_in_smem=False),
+    Stage("tensor_core", 8, "Tensor cores: the draft and the heads as one matrix", "08_tensor_cores.ipynb",
+          "16 (row, head) pairs per block as one mma.sync m16 tile, bf16 in, fp32 out; cp.async double buffering",
+          "cuda", "stage08_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
+          kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16),
 )
 
 _BY_ID = {s.id: s for s in STAGES}
@@ -159,7 +178,7 @@ def choose_num_splits(stage: Stage, streams: int, q_len: int, heads: int, max_kv
     """
     if not stage.splits:
         return 1
-    base = streams * stage.row_groups(q_len) * stage.head_tiles(heads)
+    base = streams * stage.blocks_per_split(q_len, heads)
     by_slots = max(1, (sms * blocks_per_sm) // base)
     by_length = max(1, -(-max_kv_len // stage.keys_per_tile))
     return max(1, min(by_slots, by_length, MAX_SPLITS))

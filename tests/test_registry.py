@@ -18,13 +18,14 @@ def test_order_numbers_and_ids():
     assert all(s.kind == "cuda" for s in STAGES[1:])
     ids = [s.id for s in STAGES]
     assert len(set(ids)) == len(ids)
-    assert ids == ["triton", "naive", "flash_ht8", "kv_split", "per_head", "warp_per_key", "float4", "shared_rows"]
+    assert ids == ["triton", "naive", "flash_ht8", "kv_split", "per_head", "warp_per_key", "float4", "shared_rows",
+                   "tensor_core"]
     assert [s.id for s in CUDA] == ids[1:]
     # chapters are numbered like their stage
     for s in STAGES:
         assert s.chapter.startswith(f"{s.number:02d}_") and s.chapter.endswith(".ipynb")
     # every stage after kv_split keeps the split-KV design
-    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True]
+    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True, True]
 
 
 def test_get_and_names():
