@@ -23,7 +23,7 @@ import time
 import torch
 
 from . import results as _results
-from . import roofline, stages
+from . import models, roofline, stages
 from .problem import Problem, make_workload
 from .reference import reference_attention
 from .verify import DEFAULT_TOL, compare
@@ -125,6 +125,8 @@ def parse_args(argv=None):
     ap.add_argument("--triton-splits", type=int, default=stages.TRITON_DEFAULT_SPLITS, help="KV splits of the Triton baseline")
     ap.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per measurement")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
+    ap.add_argument("--no-probes", dest="probes", action="store_false",
+                    help="skip the float4_reads probe (timed beside float4 when float4 is benched)")
     ap.add_argument("--no-peers", action="store_true", help="skip FlashMLA / FlashInfer even if importable")
     ap.add_argument("--no-ceilings", action="store_true", help="use the device table's ceilings instead of measuring")
     ap.add_argument("--out", default=None, help="results file (default results/<gpu>.json)")
@@ -216,6 +218,15 @@ def main(argv=None) -> int:
             records.append(rec)
             print(f"{tag} {rec['us_graph']:9.1f} us graph  {rec['us_eager']:9.1f} us eager  "
                   f"{100 * fl.floor_us / rec['us_graph']:5.1f}% of floor  err {chk.rel_err:.1e}", flush=True)
+        if args.probes and any(s.id == "float4" for s in wanted):
+            # The floor of stage 6's design, in the same run: its reads and nothing else.
+            call = ops.probe_runner("float4_reads", w)
+            us = time_call(call, graph=True, rep_ms=args.rep_ms)
+            kv_bytes = models.traffic("float4", p, call.num_splits).parts["kv"]
+            records.append(dict(base, stage="float4_reads", order=len(entries), kind="probe", us_graph=us,
+                                num_splits=call.num_splits, kv_bytes=kv_bytes, tbs=kv_bytes / us / 1e6))
+            print(f"[probe] float4_reads  {p.label():<34} {us:9.1f} us graph  {kv_bytes / us / 1e6:5.2f} TB/s of key reads",
+                  flush=True)
         del w, ref_out, ref_lse
         torch.cuda.empty_cache()
 

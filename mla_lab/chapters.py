@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import results as _results
-from . import roofline, stages
+from . import models, roofline, stages
 from .extension import CSRC, ROOT
 from .problem import Problem, make_workload
 
@@ -154,10 +154,17 @@ def measure(stage_ids, problems, *, rep_ms: float = 25.0, num_splits: dict | Non
         ref = reference_attention(*w.args(), check=False)
         fl = roofline.floor(p, spec, bandwidth=c["copy_tbs"] * 1e12, matrix_rate=c["bf16_matmul_tflops"] * 1e12)
         for sid in stage_ids:
-            st = stages.get(sid)
             rec = dict(stage=sid, streams=p.streams, q_len=p.q_len, heads=p.heads, prefix=p.prefixes[0],
                        page_size=p.page_size, scattered=p.scattered, floor_us=fl.floor_us,
                        cuda_core_floor_us=fl.cuda_core_floor_us)
+            if sid in ops.PROBES:  # a floor: timed, not checked (it computes nothing)
+                call = ops.probe_runner(sid, w)
+                us = time_call(call, graph=True, rep_ms=rep_ms)
+                kv = models.traffic("float4", p, call.num_splits).parts["kv"]
+                out.append(dict(rec, kind="probe", us_graph=us, num_splits=call.num_splits, kv_bytes=kv,
+                                tbs=kv / us / 1e6))
+                continue
+            st = stages.get(sid)
             try:
                 call = ops.runner(st, w, num_splits=(num_splits or {}).get(sid))
                 call()

@@ -166,3 +166,31 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
                 op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
     call.out, call.lse = out, lse  # type: ignore[attr-defined]
     return call
+
+
+# ---- probes: kernels that measure a floor, not stages ---------------------------
+
+PROBES = {
+    "float4_reads": "stage 6's grid, block-table lookups and 16-byte loads with no arithmetic: "
+                    "the time any kernel with a block per (row, head) needs just to read its keys",
+}
+
+
+def probe_runner(probe: str, w: Workload, *, num_splits: int | None = None) -> Callable[[], None]:
+    """A no-argument call of a probe kernel on ``w`` (see :data:`PROBES`), for timing and graphs.
+
+    ``float4_reads`` uses float4's split count unless told otherwise, so that
+    it reads exactly what that stage reads.
+    """
+    if probe not in PROBES:
+        raise KeyError(f"no probe {probe!r}; probes are {', '.join(PROBES)}")
+    ext = extension()
+    ns = int(num_splits if num_splits is not None else default_num_splits("float4", w.q, w.kv_cache, w.block_table))
+    B, T, H, _ = w.q.shape
+    sink = torch.empty(B * T * H * ns, dtype=torch.int32, device=w.q.device)
+
+    def call():
+        ext.probe_float4_reads(w.q, w.kv_cache, w.block_table, w.kv_lens, ns, sink)
+
+    call.num_splits = ns  # type: ignore[attr-defined]
+    return call

@@ -124,6 +124,9 @@ def format_table(records: list[dict], stage_order: list[str] | None = None) -> s
                 lines.append(pre + f"{'n/a':>9} {'n/a':>9}   ({r['unsupported'][:60]})")
                 continue
             g = r["us_graph"]
+            if r.get("kind") == "probe":  # a floor, not an answer: no eager time, no error
+                lines.append(pre + f"{'-':>9} {g:>9.1f} {'-':>8} {'-':>8} {r['tbs']:>6.2f}   (probe: key reads only)")
+                continue
             xn = f"{base_naive / g:.2f}" if base_naive else "-"
             xt = f"{base_triton / g:.2f}" if base_triton else "-"
             lines.append(pre + f"{r['us_eager']:>9.1f} {g:>9.1f} {xn:>8} {xt:>8} {r['tbs']:>6.2f} "

@@ -31,23 +31,34 @@ for s in "$@"; do
       # The bench stops at the first wrong answer; if the newest stage fails a quick
       # check, measure the others rather than nothing.
       STAGES=""
-      if ! $PY -m mla_lab.cli verify --stages shared_rows --quick > "$OUT/verify_shared_rows.log" 2>&1; then
-        echo "shared_rows failed its check: benchmarking the other stages"; tail -n 12 "$OUT/verify_shared_rows.log"
-        STAGES="--stages triton naive flash_ht8 kv_split per_head warp_per_key float4"
+      if ! $PY -m mla_lab.cli verify --stages tensor_core --quick > "$OUT/verify_tensor_core.log" 2>&1; then
+        echo "tensor_core failed its check: benchmarking the other stages"; tail -n 12 "$OUT/verify_tensor_core.log"
+        STAGES="--stages triton naive flash_ht8 kv_split per_head warp_per_key float4 shared_rows"
       fi
       $PY -m mla_lab.cli bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     extra)
       step extra
-      FAST="--stages triton kv_split float4 shared_rows"
+      FAST="--stages triton kv_split float4 shared_rows tensor_core"
       $PY -m mla_lab.cli bench $FAST --streams 1 8 --q-len 9 16 --heads 8 64 --prefix 16384 65536 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 70
       for layout in "--contiguous" "--page-size 64 --contiguous"; do
-        $PY -m mla_lab.cli bench --stages triton float4 shared_rows --heads 8 --prefix 4096 65536 $layout 2>&1 | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
+        $PY -m mla_lab.cli bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
     chapters)
       step chapters
       $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
       tar czf "$OUT/chapters.tgz" chapters/*.ipynb
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
+    profile)
+      step profile
+      # Nsight Compute on the tensor-core stage at 64 heads: where its time goes (chapter 8).
+      mkdir -p results/profiles
+      ncu --target-processes all -k regex:tensor_core --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section SchedulerStats --section WarpStateStats --section Occupancy \
+          $PY scripts/probe_one_call.py tensor_core 1 9 64 16384 2>&1 | grep -v '^==PROF==' \
+          > results/profiles/h200-tensor_core-B1-T9-H64-16384.txt
+      grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" \
+          results/profiles/h200-tensor_core-B1-T9-H64-16384.txt ;;
     *) echo "unknown step $s" ;;
   esac
 done

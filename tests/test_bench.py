@@ -182,3 +182,12 @@ def test_describe_a_file_outside_the_repository(tmp_path):
     # `mla-lab bench --out /elsewhere.json` writes outside the repository; describe() names the full path
     r = save(tmp_path / "elsewhere.json", run("01"), [rec("naive", 100.0)])
     assert f"1 measurements in {tmp_path / 'elsewhere.json'}" in r.describe()
+
+
+def test_format_table_shows_a_probe_as_a_floor():
+    probe = dict(CONFIG, stage="float4_reads", order=2, kind="probe", us_graph=40.0, tbs=3.5, floor_us=5.0,
+                 num_splits=14)
+    rows = _rows(format_table([rec("float4", 60.0), probe]))
+    assert rows["float4_reads"][5:7] == ["float4_reads", "14"]
+    assert rows["float4_reads"][7:11] == ["-", "40.0", "-", "-"] and rows["float4_reads"][11] == "3.50"
+    assert "probe: key reads only" in format_table([probe])

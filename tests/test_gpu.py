@@ -172,3 +172,25 @@ def test_occupancy_calculator_equals_runtime(shape, ext):
                              launch.dynamic_smem_bytes)
             theirs = ext.runtime_occupancy(st.id, launch.kernel, launch.dynamic_smem_bytes)
             assert mine.blocks_per_sm == theirs, (st.id, launch, mine)
+
+
+def test_float4_reads_probe_reads_what_float4_reads(ext):
+    """The probe's sink changes with the cache's contents (the loads happen) and it captures in a graph."""
+    w = make_workload(Problem(streams=1, q_len=9, heads=8, prefix=3000, page_size=1), device="cuda", seed=3)
+    call = ops.probe_runner("float4_reads", w)
+    assert call.num_splits == ops.default_num_splits("float4", w.q, w.kv_cache, w.block_table)
+    call()
+    torch.cuda.synchronize()
+    from mla_lab.timing import cuda_graph
+
+    g = cuda_graph(call)
+    g.replay()
+    torch.cuda.synchronize()
+    # a second probe on a changed cache gives a different fold of the bits
+    a = torch.empty(9 * 8 * call.num_splits, dtype=torch.int32, device="cuda")
+    b = torch.empty_like(a)
+    ext.probe_float4_reads(w.q, w.kv_cache, w.block_table, w.kv_lens, call.num_splits, a)
+    w.kv_cache.add_(1.0)
+    ext.probe_float4_reads(w.q, w.kv_cache, w.block_table, w.kv_lens, call.num_splits, b)
+    torch.cuda.synchronize()
+    assert not torch.equal(a, b)

@@ -317,3 +317,20 @@ def test_attention_rejects_zero_splits(ext, monkeypatch):
     with pytest.raises(ValueError, match="num_splits"):
         ops.attention("per_head", a["q"], a["kv"], a["bt"], a["lens"], a["scale"], num_splits=0, check=False)
     assert seen == []
+
+
+def test_float4_reads_probe_checks_like_float4(ext):
+    """The probe takes float4's checks: the same messages, the device check last."""
+    a = base_args()
+    sink = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"mla_lab::float4: runs on CUDA tensors; got tensors on cpu"):
+        ext.probe_float4_reads(a["q"], a["kv"], a["bt"], a["lens"], 2, sink)
+    with pytest.raises(RuntimeError, match=r"mla_lab::float4: num_splits must be in 1\.\.256, got 0"):
+        ext.probe_float4_reads(a["q"], a["kv"], a["bt"], a["lens"], 0, sink)
+    with pytest.raises(RuntimeError, match=r"mla_lab::float4: kv_cache must be bfloat16"):
+        ext.probe_float4_reads(a["q"], a["kv"].float(), a["bt"], a["lens"], 2, sink)
+
+
+def test_probe_runner_names_its_probes():
+    with pytest.raises(KeyError, match="no probe 'float5_reads'; probes are float4_reads"):
+        ops.probe_runner("float5_reads", None)
