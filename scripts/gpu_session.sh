@@ -38,11 +38,21 @@ for s in "$@"; do
       $PY -m mla_lab.cli bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     extra)
       step extra
-      FAST="--stages triton kv_split float4 shared_rows tensor_core"
-      $PY -m mla_lab.cli bench $FAST --streams 1 8 --q-len 9 16 --heads 8 64 --prefix 16384 65536 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 70
+      # Beyond the article's grid: 8 streams, drafts of 16, 64 heads (chapter 8 reads these).
+      $PY -m mla_lab.cli bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
+          --prefix 16384 65536 --rep-ms 50 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 40 ;;
+    layouts)
+      step layouts
       for layout in "--contiguous" "--page-size 64 --contiguous"; do
         $PY -m mla_lab.cli bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
+    execute)
+      step execute
+      $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
+      tar czf "$OUT/chapters.tgz" chapters/*.ipynb ;;
+    nbval)
+      step nbval
+      $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     chapters)
       step chapters
       $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
