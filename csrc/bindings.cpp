@@ -67,6 +67,7 @@ struct Stage {
   bool splits;      // writes partials and runs the combine kernel
   int align_bytes;  // the widest access to q, the cache and out
   const char* limit_hint;  // said when a launch needs more shared memory than a block may have
+  int min_cc = 0;          // lowest compute capability (major * 10 + minor) the kernels run on
 };
 
 const Stage kStages[] = {
@@ -85,7 +86,8 @@ const Stage kStages[] = {
      "tensors that are not 16-byte aligned"},
     {"tensor_core", tensor_core_geometry, tensor_core_launch, tensor_core_kernels, true, 16,
      "the tensor_core stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key "
-     "for tensors that are not 16-byte aligned"},
+     "for tensors that are not 16-byte aligned",
+     80},
 };
 
 constexpr int kMaxSplits = 256;
@@ -215,6 +217,14 @@ void run_stage(const Stage& st, const at::Tensor& q, const at::Tensor& kv, const
   const c10::cuda::CUDAGuard guard(q.device());
   MlaParams p = make_params(q, kv, bt, lens, scale, out, lse, st.splits ? num_splits : 1);
 
+  if (st.min_cc) {
+    int major = 0, minor = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device().index()));
+    MLA_CHECK(major * 10 + minor >= st.min_cc, "mla_lab::", st.id, ": needs a GPU of compute capability ",
+              st.min_cc / 10, ".", st.min_cc % 10, " or newer (cp.async, ldmatrix, bf16 mma.sync); this one is ",
+              major, ".", minor, ". Use stage shared_rows there.");
+  }
   const LaunchGeometry g = st.geometry(p);
   int optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, q.device().index()));

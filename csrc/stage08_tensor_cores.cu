@@ -74,6 +74,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 __global__ void __launch_bounds__(kThreads) tensor_core_kernel(const MlaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async, ldmatrix and bf16 mma.sync need sm_80 or newer; the op refuses older GPUs first
+#else
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
   bf16* kv_s = q_s + kRowsPerBlock * kRowStride;
@@ -292,6 +295,7 @@ __global__ void __launch_bounds__(kThreads) tensor_core_kernel(const MlaParams p
       *reinterpret_cast<float2*>(o + 8 * n) = make_float2(acc[n][2 * half] * inv, acc[n][2 * half + 1] * inv);
     if (warp == 0 && c == 0) p.lse_partial[row] = (m + log2f(l)) * 0.6931471805599453f;  // back to natural log
   }
+#endif
 }
 
 const KernelHandle kHandles[] = {{"tensor_core_kernel", (const void*)tensor_core_kernel, kThreads}};
