@@ -30,7 +30,6 @@ constexpr int kDimsPerWarp = kDimV / kWarps; // each warp accumulates 128 output
 constexpr int kRowStride = kDimQK + 8;       // bf16 per staged row: 1168 bytes
 constexpr int kChunks = kDimQK / 8;          // 16-byte chunks per row
 constexpr int kScoreStride = kKeysPerTile + 4;
-constexpr int kQRegDims = 384;                // query dims each warp keeps in registers
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kSmemBytes = kRowsPerBlock * kRowStride * 2        // q_s
@@ -150,17 +149,6 @@ __global__ void __launch_bounds__(kThreads) tensor_core_kernel(const MlaParams p
   for (int n = 0; n < kDimsPerWarp / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 
   const int n_tiles = (key_end - key_begin + kKeysPerTile - 1) / kKeysPerTile;
-
-  // The queries never change, but every warp needs all 16 rows for its keys on
-  // every tile.  Held in registers, the first kQRegDims dims of them stop costing
-  // shared-memory reads: 96 registers for 384 dims (all 576 would need 144 and
-  // spill at the 255-register limit).
-  const bf16* q_lane = q_s + (lane % 8 + 8 * ((lane / 8) % 2)) * kRowStride + 8 * (lane / 16);
-  uint32_t q_reg[kQRegDims / 16][4];
-  cp_async_wait_all();
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < kQRegDims / 16; ++k) ldmatrix_x4(q_reg[k], q_lane + 16 * k);
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = key_begin + it * kKeysPerTile;
     const bf16* tile = kv_s + (it % 2) * kKeysPerTile * kRowStride;
@@ -177,22 +165,17 @@ __global__ void __launch_bounds__(kThreads) tensor_core_kernel(const MlaParams p
     //    accumulators, so four sets take turns: four chains of 9, not one of 36.
     {
       float part[4][4] = {};
+      const bf16* q_lane = q_s + (lane % 8 + 8 * ((lane / 8) % 2)) * kRowStride + 8 * (lane / 16);
       const bf16* k_lane = tile + (8 * warp + lane % 8) * kRowStride + 8 * (lane / 8);
 #pragma unroll
       for (int k0 = 0; k0 < kDimQK; k0 += 32) {
-        uint32_t kb[4];
+        uint32_t kb[4], qa[4], qb[4];
         ldmatrix_x4(kb, k_lane + k0);
+        ldmatrix_x4(qa, q_lane + k0);
+        ldmatrix_x4(qb, q_lane + k0 + 16);
         const int set = (k0 / 32) % 2 * 2;
-        if (k0 < kQRegDims) {
-          mma_bf16(part[set], q_reg[k0 / 16], kb[0], kb[1]);
-          mma_bf16(part[set + 1], q_reg[k0 / 16 + 1], kb[2], kb[3]);
-        } else {
-          uint32_t qa[4], qb[4];
-          ldmatrix_x4(qa, q_lane + k0);
-          ldmatrix_x4(qb, q_lane + k0 + 16);
-          mma_bf16(part[set], qa, kb[0], kb[1]);
-          mma_bf16(part[set + 1], qb, kb[2], kb[3]);
-        }
+        mma_bf16(part[set], qa, kb[0], kb[1]);
+        mma_bf16(part[set + 1], qb, kb[2], kb[3]);
       }
       float s[4];
 #pragma unroll
