@@ -240,5 +240,11 @@ def test_cpp_launch_geometry_hand_checked(ext):
     # naive ignores num_splits: grid (heads, rows, streams)
     (n,) = ext.launch_geometry("naive", 2, 3, 4, 10, 16, 9)
     assert tuple(n["grid"]) == (4, 3, 2) and n["dynamic_smem_bytes"] == (576 + 160) * 4
+    # tensor_core flattens (row, head) pairs: 33 rows x 2 heads = 66 pairs = 5 tiles of 16, in x;
+    # 5 streams x 7 splits in z; 128 threads; 16 query rows + 2 x 32 key rows of 1168 bytes + 16 x 36 fp32 scores
+    t = ext.launch_geometry("tensor_core", 5, 33, 2, 2, 64, 7)
+    assert tuple(t[0]["grid"]) == (5, 1, 35) and tuple(t[0]["block"]) == (128, 1, 1)
+    assert t[0]["dynamic_smem_bytes"] == 16 * 1168 + 2 * 32 * 1168 + 16 * 36 * 4 == 95744
+    assert tuple(t[1]["grid"]) == (2, 33, 5)
     with pytest.raises(RuntimeError, match="no stage named 'nope'"):
         ext.launch_geometry("nope", 1, 1, 1, 1, 1, 1)

@@ -88,6 +88,11 @@ get = stages.get
     ("float4", (1, 1, 1, 8, 132, 8), 1),
     # 9 keys: 2 tiles of 8
     ("float4", (1, 1, 1, 9, 132, 8), 2),
+    # tensor_core: 9 rows x 8 heads = 72 pairs = 5 tiles of 16. base = 5; 132 x 2 = 264 slots; 264 // 5 = 52;
+    # 16384 keys = 512 tiles of 32  -> 52 (the split count the H200 bench records)
+    ("tensor_core", (1, 9, 8, 16384, 132, 2), 52),
+    # 8 streams of 9 rows x 64 heads: 8 x 36 = 288 blocks > 264 slots -> 1
+    ("tensor_core", (8, 9, 64, 16384, 132, 2), 1),
     # stages without splits: always 1
     ("naive", (1, 1, 1, 100000, 132, 8), 1),
     ("flash_ht8", (1, 1, 1, 100000, 132, 8), 1),
