@@ -23,7 +23,7 @@ import time
 import torch
 
 from . import results as _results
-from . import models, roofline, stages
+from . import roofline, stages
 from .problem import Problem, make_workload
 from .reference import reference_attention
 from .verify import DEFAULT_TOL, compare
@@ -222,10 +222,9 @@ def main(argv=None) -> int:
             # The floor of stage 6's design, in the same run: its reads and nothing else.
             call = ops.probe_runner("float4_reads", w)
             us = time_call(call, graph=True, rep_ms=args.rep_ms)
-            kv_bytes = models.traffic("float4", p, call.num_splits).parts["kv"]
             records.append(dict(base, stage="float4_reads", order=len(entries), kind="probe", us_graph=us,
-                                num_splits=call.num_splits, kv_bytes=kv_bytes, tbs=kv_bytes / us / 1e6))
-            print(f"[probe] float4_reads  {p.label():<34} {us:9.1f} us graph  {kv_bytes / us / 1e6:5.2f} TB/s of key reads",
+                                num_splits=call.num_splits, kv_bytes=call.kv_bytes, tbs=call.kv_bytes / us / 1e6))
+            print(f"[probe] float4_reads  {p.label():<34} {us:9.1f} us graph  {call.kv_bytes / us / 1e6:5.2f} TB/s of key reads",
                   flush=True)
         del w, ref_out, ref_lse
         torch.cuda.empty_cache()

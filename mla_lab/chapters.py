@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import results as _results
-from . import models, roofline, stages
+from . import roofline, stages
 from .extension import CSRC, ROOT
 from .problem import Problem, make_workload
 
@@ -160,9 +160,8 @@ def measure(stage_ids, problems, *, rep_ms: float = 25.0, num_splits: dict | Non
             if sid in ops.PROBES:  # a floor: timed, not checked (it computes nothing)
                 call = ops.probe_runner(sid, w)
                 us = time_call(call, graph=True, rep_ms=rep_ms)
-                kv = models.traffic("float4", p, call.num_splits).parts["kv"]
-                out.append(dict(rec, kind="probe", us_graph=us, num_splits=call.num_splits, kv_bytes=kv,
-                                tbs=kv / us / 1e6))
+                out.append(dict(rec, kind="probe", us_graph=us, num_splits=call.num_splits, kv_bytes=call.kv_bytes,
+                                tbs=call.kv_bytes / us / 1e6))
                 continue
             st = stages.get(sid)
             try:

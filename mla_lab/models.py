@@ -163,7 +163,7 @@ def model_tiled(stage_id: str):
         for b in range(B):
             L = int(w.kv_lens[b])
             # split boundaries: whole tiles, the same for every row of the stream
-            per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+            per_split = split_length(L, S, st.keys_per_tile)
             for t in range(T):
                 n = L - T + t + 1
                 for h0 in range(0, H, st.head_tile):
@@ -198,6 +198,19 @@ def model_tiled(stage_id: str):
     return model
 
 
+def split_length(kv_len: int, num_splits: int, keys_per_tile: int) -> int:
+    """Keys per split of a stream: ceil(kv_len / num_splits) rounded up to whole tiles (as the kernels do)."""
+    return -(-(-(-kv_len // num_splits)) // keys_per_tile) * keys_per_tile
+
+
+def _combine_traffic(tr: Traffic, S: int, H: int, live: int) -> None:
+    """Closed form of the combine kernel for one (stream, row) over H heads: S lse, ``live`` partials, out."""
+    tr.add("combine reads lse", FP32 * S * H)
+    tr.add("combine reads partial out", FP32 * D_V * live * H)
+    tr.add("out", BF16 * D_V * H)
+    tr.add("lse", FP32 * H)
+
+
 def _combine(out, lse, tr: Traffic, b: int, t: int, h: int, parts: list, S: int) -> None:
     """The combine kernel for one (stream, row, head): all lse_s, then the live o_s."""
     tr.add("combine reads lse", FP32 * S)
@@ -222,7 +235,7 @@ def model_shared_rows(w: Workload, num_splits: int | None = None):
     tr = Traffic()
     for b in range(B):
         L = int(w.kv_lens[b])
-        per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+        per_split = split_length(L, S, st.keys_per_tile)
         for h in range(H):
             parts = {t: [] for t in range(T)}
             for t0 in range(0, T, R):
@@ -266,7 +279,7 @@ def model_shared_rows(w: Workload, num_splits: int | None = None):
 
 def _pair_tiles(st, L: int, T: int, H: int, S: int):
     """Stage 8's blocks of one stream: (pairs [(t, h)], keys each pair sees, split, key range)."""
-    per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+    per_split = split_length(L, S, st.keys_per_tile)
     pairs = [(t, h) for t in range(T) for h in range(H)]  # row-major, head fastest
     for p0 in range(0, len(pairs), st.pair_tile):
         tile = pairs[p0:p0 + st.pair_tile]
@@ -368,17 +381,14 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
                 tr.add("block table", INT32 * (end - begin))
                 tr.add("kv", BF16 * D_QK * (end - begin))
                 tr.add("partial out", FP32 * D_V * sum(1 for x in n if begin < x))
+            per_split = split_length(L, S, st.keys_per_tile)
             for t in range(T):
-                live = sum(1 for s in range(S) if s * (-(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile) < L - T + t + 1)
-                tr.add("combine reads lse", FP32 * S * H)
-                tr.add("combine reads partial out", FP32 * D_V * live * H)
-                tr.add("out", BF16 * D_V * H)
-                tr.add("lse", FP32 * H)
+                _combine_traffic(tr, S, H, live=sum(1 for s in range(S) if s * per_split < L - T + t + 1))
         return tr
     if stage_id == "shared_rows":
         R = st.rows_per_block
         for L in p.kv_lens:
-            per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+            per_split = split_length(L, S, st.keys_per_tile)
             n = [L - T + t + 1 for t in range(T)]
             for t0 in range(0, T, R):
                 rows = range(t0, min(t0 + R, T))
@@ -395,15 +405,11 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
                     tr.add("partial lse", FP32 * len(rows) * H)
                     tr.add("partial out", FP32 * D_V * H * sum(1 for t in rows if begin < n[t]))
             for t in range(T):
-                live = sum(1 for s in range(S) if s * per_split < n[t])
-                tr.add("combine reads lse", FP32 * S * H)
-                tr.add("combine reads partial out", FP32 * D_V * live * H)
-                tr.add("out", BF16 * D_V * H)
-                tr.add("lse", FP32 * H)
+                _combine_traffic(tr, S, H, live=sum(1 for s in range(S) if s * per_split < n[t]))
         return tr
     tiles_of_heads = [min(st.head_tile, H - h0) for h0 in range(0, H, st.head_tile)]
     for L in p.kv_lens:
-        per_split = -(-(-(-L // S)) // st.keys_per_tile) * st.keys_per_tile
+        per_split = split_length(L, S, st.keys_per_tile)
         for t in range(T):
             n = L - T + t + 1
             live = sum(1 for s in range(S) if s * per_split < n)

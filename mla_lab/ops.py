@@ -180,7 +180,8 @@ def probe_runner(probe: str, w: Workload, *, num_splits: int | None = None) -> C
     """A no-argument call of a probe kernel on ``w`` (see :data:`PROBES`), for timing and graphs.
 
     ``float4_reads`` uses float4's split count unless told otherwise, so that
-    it reads exactly what that stage reads.
+    it reads exactly what that stage reads; the call carries that split count
+    (``num_splits``) and the key bytes it reads (``kv_bytes``).
     """
     if probe not in PROBES:
         raise KeyError(f"no probe {probe!r}; probes are {', '.join(PROBES)}")
@@ -192,5 +193,8 @@ def probe_runner(probe: str, w: Workload, *, num_splits: int | None = None) -> C
     def call():
         ext.probe_float4_reads(w.q, w.kv_cache, w.block_table, w.kv_lens, ns, sink)
 
+    from .models import traffic
+
     call.num_splits = ns  # type: ignore[attr-defined]
+    call.kv_bytes = traffic("float4", w.problem, ns).parts["kv"]  # type: ignore[attr-defined]
     return call

@@ -2,7 +2,7 @@
 # One lease of a GPU machine, as few calls as possible: build, check, time, and
 # (optionally) execute the chapters.  Everything worth keeping lands in $OUT.
 #
-#   bash scripts/gpu_session.sh test bench extra chapters
+#   bash scripts/gpu_session.sh test bench extra layouts profile chapters
 #
 # Steps run in the order given; a failing step is reported and the next runs.
 set -uo pipefail
@@ -18,7 +18,12 @@ start=$(date +%s)
 step() { echo; echo "=== $1 ($(( $(date +%s) - start )) s in)"; }
 step build
 $PY -m mla_lab.cli build 2>&1 | tail -n 3
+# `chapters` is shorthand for `execute nbval`.
+steps=()
 for s in "$@"; do
+  if [ "$s" = chapters ]; then steps+=(execute nbval); else steps+=("$s"); fi
+done
+for s in "${steps[@]}"; do
   case "$s" in
     test)
       step test
@@ -52,11 +57,6 @@ for s in "$@"; do
       tar czf "$OUT/chapters.tgz" chapters/*.ipynb ;;
     nbval)
       step nbval
-      $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
-    chapters)
-      step chapters
-      $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
-      tar czf "$OUT/chapters.tgz" chapters/*.ipynb
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
       step profile
