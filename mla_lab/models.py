@@ -225,7 +225,7 @@ def _combine(out, lse, tr: Traffic, b: int, t: int, h: int, parts: list, S: int)
 
 
 def model_shared_rows(w: Workload, num_splits: int | None = None):
-    """Stage 7: a block per (head, group of up to 16 rows, split); each key tile serves every row."""
+    """Stage 8: a block per (head, group of up to 16 rows, split); each key tile serves every row."""
     st = _stages.get("shared_rows")
     B, T, H, _ = w.q.shape
     S = num_splits or 1
@@ -278,7 +278,7 @@ def model_shared_rows(w: Workload, num_splits: int | None = None):
 
 
 def _pair_tiles(st, L: int, T: int, H: int, S: int):
-    """Stage 8's blocks of one stream: (pairs [(t, h)], keys each pair sees, split, key range)."""
+    """Stage 9's blocks of one stream: (pairs [(t, h)], keys each pair sees, split, key range)."""
     per_split = split_length(L, S, st.keys_per_tile)
     pairs = [(t, h) for t in range(T) for h in range(H)]  # row-major, head fastest
     for p0 in range(0, len(pairs), st.pair_tile):
@@ -290,7 +290,7 @@ def _pair_tiles(st, L: int, T: int, H: int, S: int):
 
 
 def model_tensor_core(w: Workload, num_splits: int | None = None, round_p: bool = True):
-    """Stage 8: a block per 16 (row, head) pairs and split; S = Q K^T and O += P V as matrix products.
+    """Stage 9: a block per 16 (row, head) pairs and split; S = Q K^T and O += P V as matrix products.
 
     What the tensor cores change in the numbers: the products take bf16 operands
     with fp32 sums, so P is rounded to bf16 before it multiplies V (its fp32 sum

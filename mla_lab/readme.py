@@ -25,12 +25,20 @@ def table() -> str:
     head = ["#", "stage", "chapter", "what it adds", "threads", "smem/block"]
     head += [f"H{h} prefix {p // 1024}k µs" for _, _, h, p in COLUMNS]
     head += ["vs Triton (H8 16k)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    header = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["The article's ladder (chapters 00–07):", ""] + header
     triton = None
     if rec:
         r = rec.get("triton", streams=1, q_len=9, heads=8, prefix=16384, page_size=1, scattered=True)
         triton = r["us_graph"] if r and not r.get("unsupported") else None
-    for s in stages.STAGES:
+    for number, stage_id, chapter, adds in stages.chapter_map():
+        if number == stages.BEYOND_ARTICLE:
+            lines += ["", f"Beyond the article (chapters {number:02d} onward):", ""] + header
+        if stage_id is None:  # a chapter without a kernel of its own
+            cells = [str(number), "—", f"[{chapter}](chapters/{chapter})", adds] + ["—"] * (len(head) - 4)
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        s = stages.get(stage_id)
         threads = str(s.threads) if s.is_cuda else "Triton"
         smem = f"{s.smem_bytes(16385 if s.id == 'naive' else 1, 1) / 1024:.1f} KB" if s.is_cuda else "-"
         if s.id == "naive":

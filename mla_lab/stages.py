@@ -5,6 +5,11 @@ Each stage is one rung of the ladder: one kernel file in ``csrc/`` (or the
 Triton baseline), one chapter, one op in ``torch.ops.mla_lab``.  Its launch
 geometry is written out here in Python, so a reader can do the occupancy
 arithmetic by hand; a test holds it to what the C++ launcher really does.
+
+A stage's number is its chapter's number.  Chapter 7 (CUDA graphs) has no
+stage of its own: it captures whole verify steps built from the kernels of
+the others, so the numbers go 0-6, then 8 onward.  Chapters 0-7 follow the
+article's ladder; 8 onward go beyond it.
 """
 
 from __future__ import annotations
@@ -143,17 +148,41 @@ STAGES: tuple[Stage, ...] = (
           "every hot global and shared-memory access 16 bytes wide; 16-byte alignment checked at the op",
           "cuda", "stage06_float4.cu", "float4_kernel", threads=256, head_tile=1, keys_per_tile=8,
           kv_row_stride=D_QK, splits=True, align_bytes=16),
-    Stage("shared_rows", 7, "The draft's rows share every key tile", "07_shared_rows.ipynb",
+    Stage("shared_rows", 8, "The draft's rows share every key tile", "08_shared_rows.ipynb",
           "one block serves up to 16 query rows of a head: each key is staged once for the whole draft",
-          "cuda", "stage07_shared_rows.cu", "shared_rows_kernel", threads=256, head_tile=1, keys_per_tile=8,
+          "cuda", "stage08_shared_rows.cu", "shared_rows_kernel", threads=256, head_tile=1, keys_per_tile=8,
           kv_row_stride=D_QK, splits=True, align_bytes=16, rows_per_block=16, acc_in_smem=False),
-    Stage("tensor_core", 8, "Tensor cores: the draft and the heads as one matrix", "08_tensor_cores.ipynb",
+    Stage("tensor_core", 9, "Tensor cores: the draft and the heads as one matrix", "09_tensor_cores.ipynb",
           "16 (row, head) pairs per block as one mma.sync m16 tile, bf16 in, fp32 out; cp.async double buffering",
-          "cuda", "stage08_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
+          "cuda", "stage09_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
           kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16),
 )
 
 _BY_ID = {s.id: s for s in STAGES}
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """A chapter with no kernel stage of its own."""
+    number: int
+    title: str
+    chapter: str
+    adds: str
+
+
+CHAPTERS_WITHOUT_STAGE: tuple[Chapter, ...] = (
+    Chapter(7, "CUDA graphs: the verify step, and a whole model step, captured", "07_cuda_graphs.ipynb",
+            "no new kernel: any stage's call captured once per bucket and replayed, a 61-layer model step, "
+            "acceptance and rollback, KV defragmentation, the cost of an eager launch"),
+)
+BEYOND_ARTICLE = 8  # chapters from this number on go beyond the article's ladder
+
+
+def chapter_map() -> list[tuple[int, str | None, str, str]]:
+    """Every chapter in order: (number, stage id or None, notebook, what it adds)."""
+    rows = [(s.number, s.id, s.chapter, s.adds) for s in STAGES]
+    rows += [(c.number, None, c.chapter, c.adds) for c in CHAPTERS_WITHOUT_STAGE]
+    return sorted(rows)
 
 
 def get(stage_id: str) -> Stage:

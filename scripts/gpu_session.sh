@@ -43,7 +43,7 @@ for s in "${steps[@]}"; do
       $PY -m mla_lab.cli bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     extra)
       step extra
-      # Beyond the article's grid: 8 streams, drafts of 16, 64 heads (chapter 8 reads these).
+      # Beyond the article's grid: 8 streams, drafts of 16, 64 heads (chapter 09 reads these).
       $PY -m mla_lab.cli bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
           --prefix 16384 65536 --rep-ms 50 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 40 ;;
     layouts)
@@ -60,7 +60,7 @@ for s in "${steps[@]}"; do
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
       step profile
-      # Nsight Compute on the tensor-core stage at 64 heads: where its time goes (chapter 8).
+      # Nsight Compute on the tensor-core stage at 64 heads: where its time goes (chapter 09).
       mkdir -p results/profiles
       ncu --target-processes all -k regex:tensor_core --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \

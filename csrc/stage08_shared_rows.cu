@@ -1,4 +1,4 @@
-// Stage 7: the draft's rows share every key tile.
+// Stage 8: the draft's rows share every key tile.
 //
 // Stages 4-6 give each (query row, head) a block of its own, so a draft of
 // 9 rows reads each cached token 9 times per head, and converts it from bf16

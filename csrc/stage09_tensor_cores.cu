@@ -1,4 +1,4 @@
-// Stage 8: tensor cores.
+// Stage 9: tensor cores.
 //
 // Every stage so far multiplies on the fp32 CUDA cores, one fused multiply-add
 // per element per (row, head, key), and converts each bf16 value to fp32 first.
