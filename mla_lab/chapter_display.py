@@ -1,0 +1,224 @@
+"""What the chapters display: kernel source and diffs, the compiled code,
+occupancy tables, timing tables and plots, and checked conclusions.
+
+Nothing here times a kernel (that is :mod:`mla_lab.chapter_measure`); these
+functions read the registry, the compiler's output and records they are given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from . import results as _results
+from . import roofline, stages
+from .chapter_measure import GPU
+from .extension import CSRC, ROOT
+
+
+def where() -> str:
+    """One line: where this notebook is running, and so where its numbers come from."""
+    if GPU:
+        import torch
+
+        p = torch.cuda.get_device_properties(0)
+        return (f"GPU here: {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs): "
+                "measurements below are taken now.")
+    rec = _results.load()
+    src = f"the numbers shown were {rec.describe()}" if rec else "nothing is recorded in results/ yet either"
+    return f"No GPU here, so nothing below is measured now: {src}."
+
+
+def stages_upto(stage_id: str) -> list[str]:
+    """Ids of the stages up to and including ``stage_id``: what a chapter may list, so that a
+    later stage never changes an earlier chapter's output."""
+    last = stages.get(stage_id).number
+    return [s.id for s in stages.STAGES if s.number <= last]
+
+
+# ---- source code ---------------------------------------------------------------
+
+def source_of(stage_id: str) -> str:
+    return (CSRC / stages.get(stage_id).source).read_text()
+
+
+def show_diff(old: str, new: str, context: int = 2) -> None:
+    """The lesson of a stage: the diff of its kernel file against the previous one."""
+    a, b = stages.get(old).source, stages.get(new).source
+    lines = difflib.unified_diff((CSRC / a).read_text().splitlines(), (CSRC / b).read_text().splitlines(),
+                                 f"csrc/{a}", f"csrc/{b}", n=context, lineterm="")
+    print("\n".join(lines))
+
+
+def show_lines(stage_id: str, start: str, end: str | None = None) -> None:
+    """Print a kernel file from the first line containing ``start`` up to (not including) ``end``."""
+    text = source_of(stage_id).splitlines()
+    i = next(k for k, line in enumerate(text) if start in line)
+    j = next((k for k in range(i + 1, len(text)) if end and end in text[k]), len(text))
+    print("\n".join(text[i:j]))
+
+
+# ---- the compiled code (SASS) ------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def cuobjdump() -> str | None:
+    """Path of ``cuobjdump`` (the CUDA toolkit's, else the copy Triton ships), or ``None``."""
+    import shutil
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(cand) if cand.exists() else None
+    except Exception:
+        return None
+
+
+def sass(stage_id: str, arch: str = "9.0") -> str:
+    """The disassembly (SASS) of the stage's main kernel, compiled for ``arch``."""
+    from .resources import ptxas_report
+
+    ptxas_report(arch)  # makes sure build/ptxas/<file>.sm<arch>.cubin exists
+    cubin = ROOT / "build" / "ptxas" / f"{Path(stages.get(stage_id).source).stem}.sm{arch.replace('.', '')}.cubin"
+    tool = cuobjdump()
+    if tool is None:
+        raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
+    text = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    kernel = stages.get(stage_id).kernel
+    # keep only the main kernel's function body
+    parts = re.split(r"\n\s*Function : ", text)
+    return next((p for p in parts if kernel in p.splitlines()[0]), text)
+
+
+def sass_memory_ops(stage_id: str, arch: str = "9.0") -> Counter:
+    """Memory instructions in the compiled kernel (SASS), by opcode and width."""
+    return Counter(re.findall(r"\b((?:LDG|STG|LDS|STS|LDL|STL)(?:\.[A-Z0-9_]+)*)\b", sass(stage_id, arch)))
+
+
+def sass_instruction_mix(stage_id: str, arch: str = "9.0") -> Counter:
+    """Every instruction of the compiled kernel (SASS), counted by opcode with its modifiers.
+
+    A static count: each instruction once, however often it runs.  A predicate
+    (``@P0``, ``@!UP1``) is not part of the opcode.
+    """
+    return Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass(stage_id, arch)))
+
+
+def count_opcodes(mix: Counter, *prefixes: str) -> int:
+    """How many instructions of ``mix`` start with any of ``prefixes`` (``"FFMA"``, ``"LDS"``, ...)."""
+    return sum(v for k, v in mix.items() if k.startswith(prefixes))
+
+
+# ---- occupancy -------------------------------------------------------------------
+
+def occupancy_rows(arch: str, stage_ids=None, streams=1, q_len=9, heads=8, cache_tokens=16400):
+    """For each kernel of each stage: resources from the compiler's report and blocks per SM."""
+    from .occupancy import occupancy
+    from .resources import resources_by_kernel
+
+    dev = roofline.device_for_arch(arch)
+    res = resources_by_kernel(arch)
+    rows = []
+    for st in stages.cuda_stages():
+        if stage_ids and st.id not in stage_ids:
+            continue
+        launch = st.launches(streams, q_len, heads, cache_tokens, 1, num_splits=1)[0]
+        r = res[launch.kernel]
+        occ = occupancy(dev, launch.threads_per_block, r.registers, r.static_smem_bytes, launch.dynamic_smem_bytes)
+        rows.append(dict(stage=st.id, threads=launch.threads_per_block, registers=r.registers,
+                         smem=launch.dynamic_smem_bytes + r.static_smem_bytes, blocks=occ.blocks_per_sm,
+                         limited_by=occ.limited_by, warps=occ.warps_per_sm,
+                         occupancy=occ.fraction(dev), limits=occ.limits))
+    return rows
+
+
+def print_occupancy(arch: str, **kw) -> list:
+    dev = roofline.device_for_arch(arch)
+    rows = occupancy_rows(arch, **kw)
+    print(f"{dev.name} (sm_{arch.replace('.', '')}): {dev.max_threads_per_sm} threads = {dev.max_warps_per_sm} warps, "
+          f"{dev.max_blocks_per_sm} blocks, {dev.regs_per_sm} registers, {dev.smem_per_sm // 1024} KB shared memory per SM")
+    print(f"{'stage':<13} {'threads':>7} {'regs':>5} {'smem B':>7} {'blocks/SM':>9} {'warps/SM':>8} "
+          f"{'occupancy':>9}  limited by")
+    for r in rows:
+        print(f"{r['stage']:<13} {r['threads']:>7} {r['registers']:>5} {r['smem']:>7} {r['blocks']:>9} "
+              f"{r['warps']:>8} {100 * r['occupancy']:>8.1f}%  {r['limited_by']}")
+    return rows
+
+
+# ---- timing tables and plots --------------------------------------------------------
+
+def print_table(records: list[dict], stage_ids, baseline: str | None = None, source: str = "") -> None:
+    """The article's table: one line per shape, a column per stage, speedups over ``baseline``."""
+    if source:
+        print(f"[{source}]")
+    by = {}
+    for r in records:
+        by.setdefault((r["streams"], r["q_len"], r["heads"], r["prefix"]), {})[r["stage"]] = r
+    head = f"{'B':>2} {'T':>3} {'H':>3} {'prefix':>6} {'floor us':>9}" + "".join(f" {s + ' us':>16}" for s in stage_ids)
+    if baseline:
+        head += "".join(f" {s + '/' + baseline:>18}" for s in stage_ids if s != baseline)
+    print(head)
+    for (B, T, H, pre), rs in by.items():
+        line = f"{B:>2} {T:>3} {H:>3} {pre:>6} {next(iter(rs.values()))['floor_us']:>9.1f}"
+        for s in stage_ids:
+            r = rs.get(s)
+            line += f" {'n/a' if r is None or r.get('unsupported') else format(r['us_graph'], '.1f'):>16}"
+        if baseline:
+            base = rs.get(baseline)
+            for s in stage_ids:
+                if s == baseline:
+                    continue
+                r = rs.get(s)
+                ok = base and r and not base.get("unsupported") and not r.get("unsupported")
+                line += f" {format(base['us_graph'] / r['us_graph'], '.2f') + 'x' if ok else '-':>18}"
+        print(line)
+
+
+def plot_prefix(records: list[dict], stage_ids, source: str = ""):
+    """Time against prefix, a panel per head count, the floor dashed."""
+    import matplotlib.pyplot as plt
+
+    from .bench import draw_prefix_panel
+
+    heads = sorted({r["heads"] for r in records}, reverse=True)
+    if not heads:
+        print("nothing to plot")
+        return None
+    fig, axes = plt.subplots(1, len(heads), figsize=(6 * len(heads), 4.2), squeeze=False)
+    for ax, H in zip(axes[0], heads):
+        rs = [r for r in records if r["heads"] == H]
+        draw_prefix_panel(ax, rs, stage_ids, f"{H} heads, one stream, q_len {rs[0]['q_len'] if rs else '?'}")
+        ax.legend(fontsize=8)
+    if source:
+        fig.suptitle(source, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ---- conclusions, checked --------------------------------------------------------------
+
+def every(values, test) -> bool | None:
+    """``test`` holds for every value (a dict's values, or any iterable); ``None`` if there are none."""
+    vals = list(values.values() if isinstance(values, dict) else values)
+    if not vals:
+        return None
+    return all(test(v) for v in vals)
+
+
+def verdict(statement: str, holds: bool | None) -> bool | None:
+    """Print one conclusion and whether the measurements bear it out.
+
+    The line must read the same on any machine the chapter runs on, so it
+    holds no measured number: the statement names its margin ("by more than
+    10%"), the measurement decides True or False.  ``None`` (nothing was
+    measured to decide it) prints as such, never as True.
+    """
+    print(f"{statement}: {'not measured' if holds is None else bool(holds)}")
+    return holds
