@@ -1,6 +1,6 @@
 """How much work a problem is, and the least time a GPU can do it in.
 
-Counting convention (the same as ``shared/anchors-h200.md`` and every chapter):
+Counting convention (every chapter and the benchmark use it):
 
 * FLOPs: query row ``t`` of a stream sees ``prefix + t + 1`` keys; each
   (head, key) pair costs a 576-long dot product for the score and a 512-long
@@ -82,8 +82,8 @@ DEVICES: dict[str, DeviceSpec] = {
             "CUDA C++ Programming Guide, compute capability 9.0: 2048 threads, 32 blocks, 64K registers, "
             "228 KB shared memory per SM, 227 KB per block, 1 KB reserved per block",
             "cuda_occupancy.h (CUDA 13.0): 128-byte shared memory and 256-register allocation units",
-            "measured on this workplace's H200, 2026-11-29 (shared/device/README.md): 4.25 TB/s copy, "
-            "687 TFLOP/s bf16 matmul; L2 as torch reports it there",
+            "measured on an H200 on 2026-11-29 by timing.measure_ceilings (a device-to-device copy and an "
+            "8192^3 bf16 matmul): 4.25 TB/s copy, 687 TFLOP/s bf16 matmul; L2 as torch reports it there",
         ),
         **_HOPPER_SM,
     ),
