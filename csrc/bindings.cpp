@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,21 +20,12 @@
 
 namespace mla {
 
-// What each stage file provides (see mla_params.h).
-#define MLA_DECLARE_STAGE(name)                              \
-  LaunchGeometry name##_geometry(const MlaParams& p);        \
-  cudaError_t name##_launch(const MlaParams& p, cudaStream_t s); \
-  int name##_kernels(const KernelHandle** handles);
-MLA_DECLARE_STAGE(naive)
-MLA_DECLARE_STAGE(flash_ht8)
-MLA_DECLARE_STAGE(kv_split)
-MLA_DECLARE_STAGE(per_head)
-MLA_DECLARE_STAGE(warp_per_key)
-MLA_DECLARE_STAGE(float4)
-MLA_DECLARE_STAGE(shared_rows)
-MLA_DECLARE_STAGE(tensor_core)
-MLA_DECLARE_STAGE(combine)
-#undef MLA_DECLARE_STAGE
+// What each stage file provides (see mla_params.h); stage_list.h names the stages.
+#define MLA_STAGE(id, ...)                                          \
+  cudaError_t id##_launch(const MlaParams& p, cudaStream_t stream); \
+  int id##_kernels(const KernelHandle** handles);
+#include "stage_list.h"
+#undef MLA_STAGE
 cudaError_t float4_reads_launch(const MlaParams& p, unsigned* sink, cudaStream_t stream);
 
 namespace {
@@ -61,41 +53,49 @@ std::string cat(const Args&... args) {
 
 struct Stage {
   const char* id;
-  LaunchGeometry (*geometry)(const MlaParams&);
   cudaError_t (*launch)(const MlaParams&, cudaStream_t);
-  int (*kernels)(const KernelHandle**);
-  bool splits;      // writes partials and runs the combine kernel
-  int align_bytes;  // the widest access to q, the cache and out
-  const char* limit_hint;  // said when a launch needs more shared memory than a block may have
-  int min_cc = 0;          // lowest compute capability (major * 10 + minor) the kernels run on
+  int (*kernels)(const KernelHandle**);  // what launch launches, in order
+  bool splits;             // takes num_splits: partials, merged by the combine kernel
+  int align_bytes;         // the widest access to q, the cache and out
+  int min_cc, max_cc;      // compute capabilities (major * 10 + minor) it runs on; 0: no bound
+  const char* input_hint;  // said when a call's tensors are misaligned or need too much shared memory
+  const char* gpu_hint;    // said when the GPU is outside min_cc .. max_cc
 };
 
 const Stage kStages[] = {
-    {"naive", naive_geometry, naive_launch, naive_kernels, false, 4,
-     "the naive stage keeps a score for every key the block table can address in shared memory; "
-     "use a shorter block table or a later stage"},
-    {"flash_ht8", flash_ht8_geometry, flash_ht8_launch, flash_ht8_kernels, false, 4, ""},
-    {"kv_split", kv_split_geometry, kv_split_launch, kv_split_kernels, true, 4, ""},
-    {"per_head", per_head_geometry, per_head_launch, per_head_kernels, true, 4, ""},
-    {"warp_per_key", warp_per_key_geometry, warp_per_key_launch, warp_per_key_kernels, true, 4, ""},
-    {"float4", float4_geometry, float4_launch, float4_kernels, true, 16,
-     "the float4 stage moves q, the cache and out in 16-byte units; use stage warp_per_key for "
-     "tensors that are not 16-byte aligned"},
-    {"shared_rows", shared_rows_geometry, shared_rows_launch, shared_rows_kernels, true, 16,
-     "the shared_rows stage moves q, the cache and out in 16-byte units; use stage warp_per_key for "
-     "tensors that are not 16-byte aligned"},
-    {"tensor_core", tensor_core_geometry, tensor_core_launch, tensor_core_kernels, true, 16,
-     "the tensor_core stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key "
-     "for tensors that are not 16-byte aligned",
-     80},
+#define MLA_STAGE(id, splits, align_bytes, min_cc, max_cc, input_hint, gpu_hint) \
+  {#id, id##_launch, id##_kernels, (splits) != 0, align_bytes, min_cc, max_cc, input_hint, gpu_hint},
+#include "stage_list.h"
+#undef MLA_STAGE
+};
+constexpr int kNumStages = sizeof(kStages) / sizeof(kStages[0]);
+
+// Each stage's place in kStages, so an op reaches its stage without a search.
+enum StageIndex : int {
+#define MLA_STAGE(id, ...) kStage_##id,
+#include "stage_list.h"
+#undef MLA_STAGE
 };
 
 constexpr int kMaxSplits = 256;
 
-const Stage& find_stage(const std::string& id) {
-  for (const Stage& s : kStages)
-    if (id == s.id) return s;
+int find_stage(const std::string& id) {
+  for (int i = 0; i < kNumStages; ++i)
+    if (id == kStages[i].id) return i;
   MLA_CHECK(false, "mla_lab: no stage named '", id, "'");
+}
+
+std::string cc_text(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+
+// Empty if the stage's kernels run on a GPU of compute capability cc, else why not.
+std::string gpu_refusal(const Stage& st, int cc) {
+  if ((!st.min_cc || cc >= st.min_cc) && (!st.max_cc || cc <= st.max_cc)) return "";
+  const std::string range = st.min_cc == st.max_cc ? cc_text(st.min_cc) + " exactly"
+                            : !st.max_cc           ? cc_text(st.min_cc) + " or newer"
+                            : !st.min_cc           ? cc_text(st.max_cc) + " or older"
+                                                   : cc_text(st.min_cc) + " to " + cc_text(st.max_cc);
+  return cat("mla_lab::", st.id, ": needs a GPU of compute capability ", range, ", and this one is ", cc_text(cc),
+             *st.gpu_hint ? std::string(": ") + st.gpu_hint : std::string());
 }
 
 std::string desc(const at::Tensor& t) {
@@ -135,6 +135,13 @@ void check_args(const Stage& st, const at::Tensor& q, const at::Tensor& kv, cons
   MLA_CHECK(bt.stride(1) == 1, op, "block_table's rows must be contiguous, got strides ", bt.strides());
   MLA_CHECK(lens.is_contiguous(), op, "kv_lens must be contiguous, got strides ", lens.strides());
   MLA_CHECK(out.stride(3) == 1, op, "out's last dimension must be contiguous, got strides ", out.strides());
+  // A stride of 0 over a size > 1 (expand()) maps two outputs to one address: blocks would race on it.
+  for (auto* t : {&out, &lse}) {
+    bool overlaps = false;
+    for (int64_t i = 0; i < t->dim(); ++i) overlaps |= t->stride(i) == 0 && t->size(i) > 1;
+    MLA_CHECK(!overlaps, op, (t == &out ? "out" : "lse"), " must not have overlapping elements (a stride of 0 "
+              "over a size > 1), got shape ", t->sizes(), " with strides ", t->strides());
+  }
   MLA_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be a finite positive number, got ", scale);
   if (st.splits)
     MLA_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, op, "num_splits must be in 1..", kMaxSplits,
@@ -159,7 +166,7 @@ void check_args(const Stage& st, const at::Tensor& q, const at::Tensor& kv, cons
                 "-byte boundaries with strides that are multiples of ", elems, " elements; got ",
                 (t == &q ? "q" : t == &kv ? "kv_cache" : "out"), " at address offset ",
                 reinterpret_cast<uintptr_t>(t->data_ptr()) % st.align_bytes, " with strides ", t->strides(),
-                st.align_bytes > 4 ? std::string(". ") + st.limit_hint : std::string());
+                *st.input_hint ? std::string(". ") + st.input_hint : std::string());
 
   const auto dev = q.device();
   for (auto* t : {&kv, &bt, &lens, &out, &lse})
@@ -199,39 +206,70 @@ MlaParams make_params(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
   return p;
 }
 
-int static_smem_bytes(const Stage& st) {
-  const KernelHandle* handles;
-  const int n = st.kernels(&handles);
-  int most = 0;
-  for (int i = 0; i < n; ++i) {
-    cudaFuncAttributes attr;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, handles[i].func));
-    most = std::max(most, (int)attr.sharedSizeBytes);
-  }
-  return most;
+// What a launch asks the runtime, asked once per device (and stage) rather
+// than on every call: the answers cannot change while the process runs, and a
+// call that is captured in a CUDA graph or timed should only launch.
+constexpr int kMaxDevices = 64;
+
+struct DeviceFacts {
+  int cc;          // compute capability, major * 10 + minor
+  int smem_optin;  // the most shared memory one block may have, after opting in
+};
+
+const DeviceFacts& device_facts(int device) {
+  static std::once_flag once[kMaxDevices];
+  static DeviceFacts facts[kMaxDevices];
+  MLA_CHECK(device >= 0 && device < kMaxDevices, "mla_lab: device ", device, " is beyond the ", kMaxDevices,
+            " devices this extension keeps facts for");
+  std::call_once(once[device], [device] {  // a throw leaves it unset: the next call asks again
+    int major = 0, minor = 0, optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    facts[device] = {major * 10 + minor, optin};
+  });
+  return facts[device];
 }
 
-void run_stage(const Stage& st, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt,
+// Static shared memory of each kernel of a stage on the current device, in the
+// order of its handles.  Asked only once the GPU is known to run the stage.
+const std::vector<int>& static_smem_bytes(int device, int stage) {
+  static std::once_flag once[kMaxDevices][kNumStages];
+  static std::vector<int> bytes[kMaxDevices][kNumStages];
+  std::call_once(once[device][stage], [device, stage] {
+    const KernelHandle* handles;
+    const int n = kStages[stage].kernels(&handles);
+    std::vector<int> found;
+    for (int i = 0; i < n; ++i) {
+      cudaFuncAttributes attr;
+      C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, handles[i].func));
+      found.push_back((int)attr.sharedSizeBytes);
+    }
+    bytes[device][stage] = std::move(found);
+  });
+  return bytes[device][stage];
+}
+
+void run_stage(int stage, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt,
                const at::Tensor& lens, double scale, at::Tensor& out, at::Tensor& lse, int64_t num_splits) {
+  const Stage& st = kStages[stage];
   check_args(st, q, kv, bt, lens, scale, out, lse, num_splits);
+  const int device = q.device().index();
   const c10::cuda::CUDAGuard guard(q.device());
   MlaParams p = make_params(q, kv, bt, lens, scale, out, lse, st.splits ? num_splits : 1);
 
-  if (st.min_cc) {
-    int major = 0, minor = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device().index()));
-    MLA_CHECK(major * 10 + minor >= st.min_cc, "mla_lab::", st.id, ": needs a GPU of compute capability ",
-              st.min_cc / 10, ".", st.min_cc % 10, " or newer (cp.async, ldmatrix, bf16 mma.sync); this one is ",
-              major, ".", minor, ". Use stage shared_rows there.");
+  const DeviceFacts& facts = device_facts(device);
+  const std::string refusal = gpu_refusal(st, facts.cc);
+  MLA_CHECK(refusal.empty(), refusal);
+  const KernelHandle* handles;
+  const int n = st.kernels(&handles);
+  const std::vector<int>& static_smem = static_smem_bytes(device, stage);
+  for (int i = 0; i < n; ++i) {
+    const int need = handles[i].geometry(p).dynamic_smem_bytes + static_smem[i];
+    MLA_CHECK(need <= facts.smem_optin, "mla_lab::", st.id, ": this call needs ", need,
+              " bytes of shared memory per block and the GPU allows ", facts.smem_optin, " (block table of ",
+              p.max_pages, " pages x ", p.page_size, " tokens); ", st.input_hint);
   }
-  const LaunchGeometry g = st.geometry(p);
-  int optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, q.device().index()));
-  const int need = g.dynamic_smem_bytes + static_smem_bytes(st);
-  MLA_CHECK(need <= optin, "mla_lab::", st.id, ": this call needs ", need,
-              " bytes of shared memory per block and the GPU allows ", optin, " (block table of ", p.max_pages,
-              " pages x ", p.page_size, " tokens); ", st.limit_hint);
 
   at::Tensor o_partial, lse_partial;  // scratch, from the caching allocator (graph-safe)
   if (st.splits) {
@@ -244,25 +282,21 @@ void run_stage(const Stage& st, const at::Tensor& q, const at::Tensor& kv, const
   MLA_CHECK(err == cudaSuccess, "mla_lab::", st.id, ": launch failed: ", cudaGetErrorString(err));
 }
 
-// One function per op, because the dispatcher wants a plain function pointer.
-#define MLA_OP(name)                                                                                  \
-  void name##_op(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens, \
-                 double scale, at::Tensor& out, at::Tensor& lse) {                                     \
-    run_stage(find_stage(#name), q, kv, bt, lens, scale, out, lse, 1);                                 \
+// One function per op, because the dispatcher wants a plain function pointer;
+// MLA_OP_0 for the stages without splits, MLA_OP_1 for the split stages.
+#define MLA_OP_0(id)                                                                                  \
+  void id##_op(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens, \
+               double scale, at::Tensor& out, at::Tensor& lse) {                                       \
+    run_stage(kStage_##id, q, kv, bt, lens, scale, out, lse, 1);                                       \
   }
-#define MLA_SPLIT_OP(name)                                                                            \
-  void name##_op(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens, \
-                 double scale, int64_t num_splits, at::Tensor& out, at::Tensor& lse) {                \
-    run_stage(find_stage(#name), q, kv, bt, lens, scale, out, lse, num_splits);                        \
+#define MLA_OP_1(id)                                                                                  \
+  void id##_op(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens, \
+               double scale, int64_t num_splits, at::Tensor& out, at::Tensor& lse) {                  \
+    run_stage(kStage_##id, q, kv, bt, lens, scale, out, lse, num_splits);                              \
   }
-MLA_OP(naive)
-MLA_OP(flash_ht8)
-MLA_SPLIT_OP(kv_split)
-MLA_SPLIT_OP(per_head)
-MLA_SPLIT_OP(warp_per_key)
-MLA_SPLIT_OP(float4)
-MLA_SPLIT_OP(shared_rows)
-MLA_SPLIT_OP(tensor_core)
+#define MLA_STAGE(id, splits, ...) MLA_OP_##splits(id)
+#include "stage_list.h"
+#undef MLA_STAGE
 
 // ---- helpers for Python -----------------------------------------------------
 
@@ -283,46 +317,58 @@ std::vector<std::string> stage_ids() {
   return ids;
 }
 
+std::vector<KernelHandle> stage_kernels(const Stage& st) {
+  const KernelHandle* handles;
+  const int n = st.kernels(&handles);
+  return std::vector<KernelHandle>(handles, handles + n);
+}
+
 // Every launch a call of `stage` makes: (kernel, grid, block, dynamic smem).
 py::list launch_geometry(const std::string& stage, int64_t B, int64_t T, int64_t H, int64_t max_pages,
                          int64_t page_size, int64_t num_splits) {
-  const Stage& st = find_stage(stage);
+  const Stage& st = kStages[find_stage(stage)];
   const MlaParams p = shape_params(B, T, H, max_pages, page_size, st.splits ? num_splits : 1);
-  auto entry = [](const KernelHandle& k, const LaunchGeometry& g) {
+  py::list out;
+  for (const KernelHandle& k : stage_kernels(st)) {
+    const LaunchGeometry g = k.geometry(p);
     py::dict d;
     d["kernel"] = std::string(k.name);
     d["grid"] = py::make_tuple(g.grid.x, g.grid.y, g.grid.z);
     d["block"] = py::make_tuple(g.block.x, g.block.y, g.block.z);
     d["dynamic_smem_bytes"] = g.dynamic_smem_bytes;
-    return d;
-  };
-  py::list out;
-  const KernelHandle* handles;
-  st.kernels(&handles);
-  out.append(entry(handles[0], st.geometry(p)));
-  if (st.splits) {
-    combine_kernels(&handles);
-    out.append(entry(handles[0], combine_geometry(p)));
+    out.append(d);
   }
   return out;
 }
 
-std::vector<KernelHandle> stage_kernels(const Stage& st) {
-  std::vector<KernelHandle> all;
-  const KernelHandle* handles;
-  const int n = st.kernels(&handles);
-  all.insert(all.end(), handles, handles + n);
-  if (st.splits) {
-    combine_kernels(&handles);
-    all.push_back(handles[0]);
+// The stage table as compiled: what the Python registry must agree with.
+py::list stage_table() {
+  py::list out;
+  for (const Stage& st : kStages) {
+    py::list kernels;
+    for (const KernelHandle& k : stage_kernels(st)) kernels.append(std::string(k.name));
+    py::dict d;
+    d["id"] = std::string(st.id);
+    d["splits"] = st.splits;
+    d["align_bytes"] = st.align_bytes;
+    d["min_cc"] = st.min_cc;
+    d["max_cc"] = st.max_cc;
+    d["kernels"] = kernels;
+    out.append(d);
   }
-  return all;
+  return out;
+}
+
+// What an op of `stage` says on a GPU of compute capability major.minor, before
+// launching anything: "" if it runs there.
+std::string gpu_support(const std::string& stage, int64_t major, int64_t minor) {
+  return gpu_refusal(kStages[find_stage(stage)], (int)(major * 10 + minor));
 }
 
 // What the CUDA runtime reports for each kernel of a stage on the current GPU.
 py::list kernel_attributes(const std::string& stage) {
   py::list out;
-  for (const KernelHandle& k : stage_kernels(find_stage(stage))) {
+  for (const KernelHandle& k : stage_kernels(kStages[find_stage(stage)])) {
     cudaFuncAttributes a;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&a, k.func));
     py::dict d;
@@ -342,7 +388,7 @@ py::list kernel_attributes(const std::string& stage) {
 // cudaOccupancyMaxActiveBlocksPerMultiprocessor for one kernel of a stage at
 // a given dynamic shared memory size (after the same opt-in a launch makes).
 int runtime_occupancy(const std::string& stage, const std::string& kernel, int64_t dynamic_smem_bytes) {
-  for (const KernelHandle& k : stage_kernels(find_stage(stage))) {
+  for (const KernelHandle& k : stage_kernels(kStages[find_stage(stage)])) {
     if (kernel != k.name) continue;
     if (dynamic_smem_bytes > 48 * 1024)
       C10_CUDA_CHECK(cudaFuncSetAttribute(k.func, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic_smem_bytes));
@@ -359,7 +405,7 @@ void probe_float4_reads(const at::Tensor& q, const at::Tensor& kv, const at::Ten
                         int64_t num_splits, at::Tensor& sink) {
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), kDimV}, q.options());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  check_args(find_stage("float4"), q, kv, bt, lens, 1.0, out, lse, num_splits);
+  check_args(kStages[kStage_float4], q, kv, bt, lens, 1.0, out, lse, num_splits);
   MLA_CHECK(sink.scalar_type() == at::kInt && sink.is_contiguous() && sink.device() == q.device() &&
                 sink.numel() >= q.size(1) * q.size(2) * q.size(0) * num_splits,
             "probe_float4_reads: sink must be a contiguous int32 tensor on q's device with a word per block");
@@ -397,33 +443,30 @@ TORCH_LIBRARY(mla_lab, m) {
                       "Tensor(a!) out, Tensor(b!) lse) -> ()";
   const char* split = "(Tensor q, Tensor kv_cache, Tensor block_table, Tensor kv_lens, float scale, "
                       "int num_splits, Tensor(a!) out, Tensor(b!) lse) -> ()";
-  m.def((std::string("naive") + plain).c_str());
-  m.def((std::string("flash_ht8") + plain).c_str());
-  m.def((std::string("kv_split") + split).c_str());
-  m.def((std::string("per_head") + split).c_str());
-  m.def((std::string("warp_per_key") + split).c_str());
-  m.def((std::string("float4") + split).c_str());
-  m.def((std::string("shared_rows") + split).c_str());
-  m.def((std::string("tensor_core") + split).c_str());
+#define MLA_STAGE(id, splits, ...) m.def((std::string(#id) + ((splits) ? split : plain)).c_str());
+#include "stage_list.h"
+#undef MLA_STAGE
 }
 
 // The same functions serve CPU tensors, so that a call with tensors on the
 // wrong device gets this library's message rather than a dispatcher error.
-#define MLA_IMPLS(m)                          \
-  m.impl("naive", &mla::naive_op);            \
-  m.impl("flash_ht8", &mla::flash_ht8_op);    \
-  m.impl("kv_split", &mla::kv_split_op);      \
-  m.impl("per_head", &mla::per_head_op);      \
-  m.impl("warp_per_key", &mla::warp_per_key_op); \
-  m.impl("float4", &mla::float4_op);            \
-  m.impl("shared_rows", &mla::shared_rows_op);      \
-  m.impl("tensor_core", &mla::tensor_core_op);
-TORCH_LIBRARY_IMPL(mla_lab, CUDA, m) { MLA_IMPLS(m) }
-TORCH_LIBRARY_IMPL(mla_lab, CPU, m) { MLA_IMPLS(m) }
+#define MLA_STAGE(id, ...) m.impl(#id, &mla::id##_op);
+TORCH_LIBRARY_IMPL(mla_lab, CUDA, m) {
+#include "stage_list.h"
+}
+TORCH_LIBRARY_IMPL(mla_lab, CPU, m) {
+#include "stage_list.h"
+}
+#undef MLA_STAGE
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "mla_lab's compiled kernels: ops live in torch.ops.mla_lab; these are helpers.";
   m.def("stage_ids", &mla::stage_ids, "The compiled stages, in ladder order.");
+  m.def("stage_table", &mla::stage_table,
+        "Each compiled stage as stage_list.h declares it: id, splits, align_bytes, min_cc, max_cc, kernels.");
+  m.def("gpu_support", &mla::gpu_support,
+        "What the stage's op says on a GPU of this compute capability before launching: '' if it runs there.",
+        py::arg("stage"), py::arg("major"), py::arg("minor"));
   m.def("launch_geometry", &mla::launch_geometry, "Each launch of a stage for a shape: kernel, grid, block, smem.",
         py::arg("stage"), py::arg("streams"), py::arg("q_len"), py::arg("heads"), py::arg("max_pages"),
         py::arg("page_size"), py::arg("num_splits") = 1);

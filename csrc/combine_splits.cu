@@ -45,8 +45,6 @@ __global__ void __launch_bounds__(kThreads) combine_splits_kernel(const MlaParam
   if (tid == 0) *lse_at(p, b, t, h) = m + logf(weight_sum);
 }
 
-const KernelHandle kHandles[] = {{"combine_splits_kernel", (const void*)combine_splits_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry combine_geometry(const MlaParams& p) {
@@ -57,9 +55,8 @@ cudaError_t combine_launch(const MlaParams& p, cudaStream_t stream) {
   return launch_with_smem(combine_splits_kernel, combine_geometry(p), p, stream);
 }
 
-int combine_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+KernelHandle combine_handle() {
+  return {"combine_splits_kernel", (const void*)combine_splits_kernel, kThreads, combine_geometry};
 }
 
 }  // namespace mla

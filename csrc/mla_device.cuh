@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include <iterator>  // std::size, for each stage's list of kernels
+
 #include "mla_params.h"
 
 namespace mla {
@@ -89,6 +91,25 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(lane < kThreads / 32 ? partial[lane] : 0.f);
 }
 
+// Eight bf16 (one 16-byte chunk, as a uint4) to fp32, and their dot product
+// with eight floats: the unit of work of the 16-byte stages (6 onwards).
+__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float* dst) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  float4* d4 = reinterpret_cast<float4*>(dst);
+  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+  d4[0] = make_float4(a.x, a.y, b.x, b.y);
+  d4[1] = make_float4(c.x, c.y, d.x, d.y);
+}
+
+__device__ __forceinline__ float dot_bf16x8(uint4 raw, float4 q0, float4 q1) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+  return q0.x * a.x + q0.y * a.y + q0.z * b.x + q0.w * b.y
+       + q1.x * c.x + q1.y * c.y + q1.z * d.x + q1.w * d.y;
+}
+
 // Launch with more than 48 KB of dynamic shared memory only after opting in.
 template <typename Kernel>
 cudaError_t launch_with_smem(Kernel kernel, const LaunchGeometry& g, const MlaParams& p,
@@ -102,9 +123,10 @@ cudaError_t launch_with_smem(Kernel kernel, const LaunchGeometry& g, const MlaPa
   return cudaGetLastError();
 }
 
-// The combine kernel of the split-KV stages (combine_splits.cu).
+// The combine kernel of the split-KV stages (combine_splits.cu): its launch,
+// and its handle, which each split stage lists after its own kernel.
 LaunchGeometry combine_geometry(const MlaParams& p);
 cudaError_t combine_launch(const MlaParams& p, cudaStream_t stream);
-int combine_kernels(const KernelHandle** handles);
+KernelHandle combine_handle();
 
 }  // namespace mla

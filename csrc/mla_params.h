@@ -60,17 +60,21 @@ struct LaunchGeometry {
   int dynamic_smem_bytes;
 };
 
-// A kernel's handle, for the occupancy and attribute queries.
+// One kernel a stage launches: its name and entry point (for the attribute and
+// occupancy queries), its block size, and its launch for a call's shape.
 struct KernelHandle {
   const char* name;
   const void* func;
   int block_threads;
+  LaunchGeometry (*geometry)(const MlaParams&);
 };
 
-// Every stage provides these three (bindings.cpp declares them per stage):
-//   LaunchGeometry <stage>_geometry(const MlaParams&);
-//   cudaError_t    <stage>_launch(const MlaParams&, cudaStream_t);
-//   int            <stage>_kernels(const KernelHandle** handles);
-// and split stages also use the shared combine kernel (combine_splits.cu).
+// Every stage file provides these two (stage_list.h names the stages):
+//   cudaError_t <stage>_launch(const MlaParams&, cudaStream_t);
+//       launches everything one call needs, in order, on the stream;
+//   int <stage>_kernels(const KernelHandle** handles);
+//       points *handles at the kernels that launch makes, in the same order
+//       (split stages end with the combine kernel, combine_splits.cu), and
+//       returns how many there are.
 
 }  // namespace mla

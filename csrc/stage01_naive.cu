@@ -68,8 +68,6 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(const MlaParams p) {
   if (tid == 0) *lse_at(p, b, t, h) = m + logf(l);
 }
 
-const KernelHandle kHandles[] = {{"naive_kernel", (const void*)naive_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry naive_geometry(const MlaParams& p) {
@@ -85,8 +83,11 @@ cudaError_t naive_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int naive_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"naive_kernel", (const void*)naive_kernel, kThreads, naive_geometry},
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -140,8 +140,6 @@ __global__ void __launch_bounds__(kThreads) flash_ht8_kernel(const MlaParams p) 
   if (tid < nh) *lse_at(p, b, t, h0 + tid) = m_s[tid] + logf(l_s[tid]);
 }
 
-const KernelHandle kHandles[] = {{"flash_ht8_kernel", (const void*)flash_ht8_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry flash_ht8_geometry(const MlaParams& p) {
@@ -154,8 +152,11 @@ cudaError_t flash_ht8_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int flash_ht8_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"flash_ht8_kernel", (const void*)flash_ht8_kernel, kThreads, flash_ht8_geometry},
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -152,8 +152,6 @@ __global__ void __launch_bounds__(kThreads) kv_split_kernel(const MlaParams p) {
   if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
 }
 
-const KernelHandle kHandles[] = {{"kv_split_kernel", (const void*)kv_split_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry kv_split_geometry(const MlaParams& p) {
@@ -167,8 +165,12 @@ cudaError_t kv_split_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int kv_split_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"kv_split_kernel", (const void*)kv_split_kernel, kThreads, kv_split_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

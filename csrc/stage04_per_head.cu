@@ -16,7 +16,8 @@ namespace mla {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an sm_90 SM (2048; sm_120 has 1536):
+                                    // 65536 registers / 2048 threads = at most 32 each
 constexpr int kHeadTile = 1;       // heads that share each key tile
 constexpr int kKeysPerTile = 16;   // keys staged in shared memory at a time
 constexpr int kKvStride = kDimQK + 2;  // 289 words a row: a column of 32 rows hits 32 banks
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) per_head_kernel(con
     }
     __syncthreads();
 
-    // 4. acc = acc * alpha + P V: each thread owns output dimensions d for all 8 heads.
+    // 4. acc = acc * alpha + P V: each thread owns output dimensions d for the tile's one head.
     for (int d = tid; d < kDimV; d += kThreads) {
       float a[kHeadTile];
 #pragma unroll
@@ -156,8 +157,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) per_head_kernel(con
   if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
 }
 
-const KernelHandle kHandles[] = {{"per_head_kernel", (const void*)per_head_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry per_head_geometry(const MlaParams& p) {
@@ -171,8 +170,12 @@ cudaError_t per_head_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int per_head_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"per_head_kernel", (const void*)per_head_kernel, kThreads, per_head_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -12,7 +12,8 @@ namespace mla {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an sm_90 SM (2048; sm_120 has 1536):
+                                    // 65536 registers / 2048 threads = at most 32 each
 constexpr int kHeadTile = 1;       // heads that share each key tile
 constexpr int kKeysPerTile = 8;    // keys staged in shared memory at a time
 constexpr int kKvStride = kDimQK + 2;  // 289 words a row: a column of 32 rows hits 32 banks
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) warp_per_key_kernel
     }
     __syncthreads();
 
-    // 4. acc = acc * alpha + P V: each thread owns output dimensions d for all 8 heads.
+    // 4. acc = acc * alpha + P V: each thread owns output dimensions d for the tile's one head.
     for (int d = tid; d < kDimV; d += kThreads) {
       float a[kHeadTile];
 #pragma unroll
@@ -152,8 +153,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) warp_per_key_kernel
   if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
 }
 
-const KernelHandle kHandles[] = {{"warp_per_key_kernel", (const void*)warp_per_key_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry warp_per_key_geometry(const MlaParams& p) {
@@ -167,8 +166,12 @@ cudaError_t warp_per_key_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int warp_per_key_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"warp_per_key_kernel", (const void*)warp_per_key_kernel, kThreads, warp_per_key_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -6,32 +6,17 @@
 // key, a quarter of the instructions for the same bytes, and each thread
 // keeps 4x as many bytes in flight.  The price is alignment: q and the cache
 // must start on 16-byte boundaries with row strides that are multiples of 8
-// elements, which the op checks before launching.
+// elements, which the op checks before launching.  A 16-byte chunk of 8 bf16
+// is converted and multiplied by two helpers, bf16x8_to_float and dot_bf16x8
+// (mla_device.cuh), which the later stages share.
 #include "mla_device.cuh"
 
 namespace mla {
 namespace {
 
-// Eight bf16 (one 16-byte chunk) to fp32, and their dot product with eight floats.
-__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float* dst) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  float4* d4 = reinterpret_cast<float4*>(dst);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-  d4[0] = make_float4(a.x, a.y, b.x, b.y);
-  d4[1] = make_float4(c.x, c.y, d.x, d.y);
-}
-
-__device__ __forceinline__ float dot_bf16x8(uint4 raw, float4 q0, float4 q1) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-  return q0.x * a.x + q0.y * a.y + q0.z * b.x + q0.w * b.y
-       + q1.x * c.x + q1.y * c.y + q1.z * d.x + q1.w * d.y;
-}
-
 constexpr int kThreads = 256;
-constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an SM of 2048: at most 32 registers each
+constexpr int kMinBlocksPerSM = 8;  // 8 x 256 threads fill an sm_90 SM (2048; sm_120 has 1536):
+                                    // 65536 registers / 2048 threads = at most 32 each
                                     // (on sm_90 ptxas spills a few bytes to fit: see chapter 6)
 constexpr int kHeadTile = 1;       // heads that share each key tile
 constexpr int kKeysPerTile = 8;    // keys staged in shared memory at a time
@@ -186,8 +171,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) float4_kernel(const
   if (tid < nh) p.lse_partial[partial_row(p, b, t, h0 + tid) + split] = m_s[tid] + logf(l_s[tid]);
 }
 
-const KernelHandle kHandles[] = {{"float4_kernel", (const void*)float4_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry float4_geometry(const MlaParams& p) {
@@ -201,8 +184,12 @@ cudaError_t float4_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int float4_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"float4_kernel", (const void*)float4_kernel, kThreads, float4_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

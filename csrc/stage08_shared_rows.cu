@@ -15,24 +15,6 @@
 namespace mla {
 namespace {
 
-// Eight bf16 (one 16-byte chunk) to fp32, and their dot product with eight floats.
-__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float* dst) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  float4* d4 = reinterpret_cast<float4*>(dst);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-  d4[0] = make_float4(a.x, a.y, b.x, b.y);
-  d4[1] = make_float4(c.x, c.y, d.x, d.y);
-}
-
-__device__ __forceinline__ float dot_bf16x8(uint4 raw, float4 q0, float4 q1) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-  return q0.x * a.x + q0.y * a.y + q0.z * b.x + q0.w * b.y
-       + q1.x * c.x + q1.y * c.y + q1.z * d.x + q1.w * d.y;
-}
-
 constexpr int kThreads = 256;
 constexpr int kMinBlocksPerSM = 3;  // 16 rows' accumulators need ~80 registers: 3 blocks, no spills
 constexpr int kRowTile = 16;       // query rows of one head that share each key tile
@@ -211,8 +193,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM) shared_rows_kernel(
   }
 }
 
-const KernelHandle kHandles[] = {{"shared_rows_kernel", (const void*)shared_rows_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry shared_rows_geometry(const MlaParams& p) {
@@ -226,8 +206,12 @@ cudaError_t shared_rows_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int shared_rows_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"shared_rows_kernel", (const void*)shared_rows_kernel, kThreads, shared_rows_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -298,8 +298,6 @@ __global__ void __launch_bounds__(kThreads) tensor_core_kernel(const MlaParams p
 #endif
 }
 
-const KernelHandle kHandles[] = {{"tensor_core_kernel", (const void*)tensor_core_kernel, kThreads}};
-
 }  // namespace
 
 LaunchGeometry tensor_core_geometry(const MlaParams& p) {
@@ -313,8 +311,12 @@ cudaError_t tensor_core_launch(const MlaParams& p, cudaStream_t stream) {
 }
 
 int tensor_core_kernels(const KernelHandle** handles) {
-  *handles = kHandles;
-  return 1;
+  static const KernelHandle kernels[] = {
+      {"tensor_core_kernel", (const void*)tensor_core_kernel, kThreads, tensor_core_geometry},
+      combine_handle(),
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
 }
 
 }  // namespace mla

@@ -18,6 +18,7 @@ import functools
 import glob
 import hashlib
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -133,6 +134,68 @@ def load(verbose: bool | None = None):
     register_fakes()
     del torch
     return module
+
+
+STAGE_LIST = CSRC / "stage_list.h"
+STAGE_FIELDS = ("id", "splits", "align_bytes", "min_cc", "max_cc", "input_hint", "gpu_hint")
+
+
+def _macro_arguments(text: str, start: int) -> tuple[list[str], int]:
+    """The comma-separated arguments of a macro call whose '(' is at ``start``, and where it ends.
+
+    String literals may hold commas and parentheses; adjacent literals are joined, as the compiler does.
+    """
+    args, current, depth, i = [], "", 0, start + 1
+    while True:
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            current += text[i:j + 1]
+            i = j + 1
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                args.append(current)
+                return [" ".join(a.split()) for a in args], i + 1
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(current)
+            current = ""
+            i += 1
+            continue
+        current += ch
+        i += 1
+
+
+def _literal(arg: str):
+    if arg.startswith('"'):
+        import ast
+
+        return "".join(ast.literal_eval(part) for part in re.findall(r'"(?:[^"\\]|\\.)*"', arg))
+    return int(arg) if re.fullmatch(r"-?\d+", arg) else arg
+
+
+def declared_stages(path: Path = STAGE_LIST) -> list[dict]:
+    """The CUDA stages ``csrc/stage_list.h`` declares, in order, read without a compiler.
+
+    One dict per ``MLA_STAGE(...)`` line with the fields of :data:`STAGE_FIELDS`
+    (``splits`` as a bool); the comments above the list are skipped.
+    """
+    text = re.sub(r"//[^\n]*", "", path.read_text())
+    found = []
+    for m in re.finditer(r"\bMLA_STAGE\s*\(", text):
+        args, _ = _macro_arguments(text, m.end() - 1)
+        if len(args) != len(STAGE_FIELDS):
+            raise ValueError(f"{path.name}: MLA_STAGE takes {len(STAGE_FIELDS)} arguments "
+                             f"({', '.join(STAGE_FIELDS)}), got {len(args)}: {args}")
+        entry = dict(zip(STAGE_FIELDS, (_literal(a) for a in args)))
+        entry["splits"] = bool(entry["splits"])
+        found.append(entry)
+    return found
 
 
 def source_digest() -> str:

@@ -5,6 +5,9 @@ Each stage is one rung of the ladder: one kernel file in ``csrc/`` (or the
 Triton baseline), one chapter, one op in ``torch.ops.mla_lab``.  Its launch
 geometry is written out here in Python, so a reader can do the occupancy
 arithmetic by hand; a test holds it to what the C++ launcher really does.
+Each CUDA stage also has one line in ``csrc/stage_list.h``, the C++ side's
+list; a test holds the two to the same stages, in the same order, with the
+same splits, alignment, compute capabilities and kernels.
 
 A stage's number is its chapter's number.  Chapter 7 (CUDA graphs) has no
 stage of its own: it captures whole verify steps built from the kernels of
@@ -57,10 +60,17 @@ class Stage:
     splits: bool = False  # split-KV with the combine kernel
     align_bytes: int = 4  # widest access to q, the cache and out
     pair_tile: int = 0  # (query row, head) pairs of a stream per block, flattened (tensor cores); 0: unused
+    min_cc: int = 0  # lowest compute capability (major * 10 + minor) its kernels run on; 0: any
+    max_cc: int = 0  # highest; 0: no limit (equal to min_cc: that architecture only)
 
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
+
+    def runs_on(self, major: int, minor: int) -> bool:
+        """Whether its kernels run on a GPU of compute capability ``major.minor`` (the op refuses others)."""
+        cc = 10 * major + minor
+        return (not self.min_cc or cc >= self.min_cc) and (not self.max_cc or cc <= self.max_cc)
 
     @property
     def op_name(self) -> str | None:
@@ -155,7 +165,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("tensor_core", 9, "Tensor cores: the draft and the heads as one matrix", "09_tensor_cores.ipynb",
           "16 (row, head) pairs per block as one mma.sync m16 tile, bf16 in, fp32 out; cp.async double buffering",
           "cuda", "stage09_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
-          kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16),
+          kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16, min_cc=80),
 )
 
 _BY_ID = {s.id: s for s in STAGES}
