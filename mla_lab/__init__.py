@@ -5,7 +5,7 @@ from .reference import reference_attention
 from .stages import STAGES
 
 __all__ = ["DEFAULT_SCALE", "D_QK", "D_V", "Problem", "Workload", "make_workload", "reference_attention",
-           "STAGES", "attention", "verify_attention"]
+           "STAGES", "attention", "verify_attention", "load_ops"]
 
 
 def __getattr__(name):
@@ -13,6 +13,9 @@ def __getattr__(name):
     if name == "attention":
         from .ops import attention
         return attention
+    if name == "load_ops":  # builds (first time) and loads the extension: torch.ops.mla_lab.<stage>
+        from .ops import load_ops
+        return load_ops
     if name == "verify_attention":
         from .verify import verify_attention
         return verify_attention

@@ -99,7 +99,9 @@ def build_dir(archs: tuple[str, ...] | None = None) -> Path:
 def load(verbose: bool | None = None):
     """Build (if needed) and import the extension; returns the pybind module.
 
-    Importing it also registers the ops in ``torch.ops.mla_lab``.
+    Importing it registers the ops in ``torch.ops.mla_lab``.  Their fake
+    (shape-only) implementations, which ``torch.compile`` needs, live in
+    :mod:`mla_lab.ops`: call :func:`mla_lab.load_ops` to get both.
     """
     home = find_cuda_home()
     os.environ["CUDA_HOME"] = str(home)
@@ -129,9 +131,6 @@ def load(verbose: bool | None = None):
         build_directory=str(out),
         verbose=verbose,
     )
-    from .ops import register_fakes  # shape functions, so the ops trace under torch.compile
-
-    register_fakes()
     del torch
     return module
 

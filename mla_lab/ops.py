@@ -7,8 +7,10 @@ timing loops and CUDA-graph capture, where the kernels' own defences remain:
 a stream with a bad length or page id gets NaN, never a stray read.
 
 The CUDA stages are also plain torch ops, ``torch.ops.mla_lab.<stage>``, that
-write into given ``out`` and ``lse``; this module registers their fake
-implementations so they trace under ``torch.compile``.
+write into given ``out`` and ``lse``.  They exist once the extension is
+loaded: :func:`load_ops` (also ``mla_lab.load_ops()``) builds it if needed,
+loads it and registers the ops' fake implementations, so that they trace
+under ``torch.compile``.  ``attention`` and ``runner`` call it themselves.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from . import extension as _extension
 from . import stages as _stages
 from .problem import D_V, DEFAULT_SCALE, Workload
 from .stages import Stage
@@ -26,13 +29,18 @@ from .validate import InputError, check_contents, check_metadata
 _FAKES_REGISTERED = False
 
 
-def extension():
-    """The compiled extension (built on first use); registers torch.ops.mla_lab."""
-    from .extension import load
+def load_ops():
+    """Build (first time) and load the extension; afterwards ``torch.ops.mla_lab.<stage>`` exist.
 
-    mod = load()
+    Returns the extension module (its helpers: ``stage_ids``, ``launch_geometry``, ...).
+    Cheap after the first call.
+    """
+    mod = _extension.load()
     register_fakes()
     return mod
+
+
+extension = load_ops  # the name the chapters and tests use
 
 
 def register_fakes() -> None:
@@ -72,7 +80,7 @@ def _check_splits(st: Stage, num_splits) -> None:
 def resident_blocks(stage_id: str, dynamic_smem_bytes: int, device_index: int) -> int:
     """Blocks of the stage's main kernel one SM holds, as the CUDA runtime says."""
     st = _stages.get(stage_id)
-    return extension().runtime_occupancy(st.id, st.kernel, dynamic_smem_bytes)
+    return load_ops().runtime_occupancy(st.id, st.kernel, dynamic_smem_bytes)
 
 
 def default_num_splits(stage: str | Stage, q: torch.Tensor, kv_cache: torch.Tensor,
@@ -119,7 +127,7 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
 
         return triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
                                        num_splits=num_splits or DEFAULT_SPLITS, check=False)
-    extension()
+    load_ops()
     op = getattr(torch.ops.mla_lab, st.id)
     if st.splits:
         ns = num_splits if num_splits is not None else default_num_splits(st, q, kv_cache, block_table)
@@ -151,7 +159,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
         def call():
             triton_verify_attention(*args, out, lse, num_splits=ns, plan=plan, check=False)
     else:
-        extension()
+        load_ops()
         op = getattr(torch.ops.mla_lab, st.id)
         if st.splits:
             ns = int(num_splits if num_splits is not None else default_num_splits(st, w.q, w.kv_cache, w.block_table))
@@ -185,7 +193,7 @@ def probe_runner(probe: str, w: Workload, *, num_splits: int | None = None) -> C
     """
     if probe not in PROBES:
         raise KeyError(f"no probe {probe!r}; probes are {', '.join(PROBES)}")
-    ext = extension()
+    ext = load_ops()
     ns = int(num_splits if num_splits is not None else default_num_splits("float4", w.q, w.kv_cache, w.block_table))
     B, T, H, _ = w.q.shape
     sink = torch.empty(B * T * H * ns, dtype=torch.int32, device=w.q.device)
