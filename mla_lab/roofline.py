@@ -117,6 +117,41 @@ def device_for_arch(arch: str) -> DeviceSpec:
     raise KeyError(f"no device with compute capability {arch} in the table: {sorted(DEVICES)}")
 
 
+def device_spec_for(name: str, cc: tuple[int, int], sms: int) -> tuple[DeviceSpec | None, str]:
+    """The table's entry for a GPU given by its name, compute capability and SM count, and a note saying so.
+
+    An entry is used only when it is that model: its key starts the GPU's name
+    as ``results.gpu_slug`` writes it (``NVIDIA H200`` -> ``h200``), and its
+    compute capability and SM count are the GPU's.  Otherwise the answer is
+    ``None``, and the note says why: a GPU the table lacks never gets another
+    model's figures.
+    """
+    from .results import gpu_slug
+
+    arch, here = f"{cc[0]}.{cc[1]}", f"{name} (sm_{cc[0]}{cc[1]}, {sms} SMs)"
+    slug = gpu_slug(name)
+    key = next((k for k in sorted(DEVICES, key=len, reverse=True) if slug.startswith(k)), None)
+    if key is None:
+        return None, (f"{here} is not in mla_lab.roofline.DEVICES ({', '.join(DEVICES)}): no datasheet figures "
+                      "or per-SM limits for it; floors use only the ceilings measured on it")
+    spec = DEVICES[key]
+    if (spec.arch, spec.sms) != (arch, sms):
+        return None, (f"{here} is not the table's '{key}' ({spec.name}: sm_{spec.arch.replace('.', '')}, "
+                      f"{spec.sms} SMs): none of that entry's figures are used; floors use only the ceilings "
+                      "measured on it")
+    return spec, f"{here}: datasheet figures and per-SM limits from the table's '{key}' entry ({spec.name})"
+
+
+def device_spec_for_current_gpu(device: int = 0) -> tuple[DeviceSpec | None, str]:
+    """:func:`device_spec_for` the GPU ``device`` of this machine; ``(None, note)`` without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no CUDA GPU here: no device to look up"
+    props = torch.cuda.get_device_properties(device)
+    return device_spec_for(props.name, (props.major, props.minor), props.multi_processor_count)
+
+
 def flops(p: Problem) -> float:
     keys = 0
     for prefix in p.prefixes:
@@ -157,16 +192,19 @@ class Floor:
         return max(self.cuda_core_us, self.memory_us)
 
 
-def floor(p: Problem, device: DeviceSpec | str = "h200", *, bandwidth: float | None = None,
-          matrix_rate: float | None = None) -> Floor:
-    """Floors of ``p`` on ``device``; pass ``bandwidth`` (B/s) or ``matrix_rate`` (FLOP/s) measured in a run."""
+def floor(p: Problem, device: DeviceSpec | str | None = "h200", *, bandwidth: float | None = None,
+          matrix_rate: float | None = None, fp32_rate: float | None = None) -> Floor:
+    """Floors of ``p`` on ``device``; pass ``bandwidth`` (B/s), ``matrix_rate`` or ``fp32_rate`` (FLOP/s)
+    measured in a run.  ``device=None`` (a GPU the table lacks) needs all three."""
     if isinstance(device, str):
         device = DEVICES[device]
+    if device is None and None in (bandwidth, matrix_rate, fp32_rate):
+        raise ValueError("floor without a device entry needs measured bandwidth, matrix_rate and fp32_rate")
     f, b = flops(p), min_bytes(p)
     bw = bandwidth or device.bandwidth()
     mr = matrix_rate or device.matrix_rate()
-    return Floor(flops=f, bytes=b, compute_us=f / mr * 1e6, memory_us=b / bw * 1e6,
-                 cuda_core_us=f / device.fp32_rate() * 1e6)
+    fr = fp32_rate or device.fp32_rate()
+    return Floor(flops=f, bytes=b, compute_us=f / mr * 1e6, memory_us=b / bw * 1e6, cuda_core_us=f / fr * 1e6)
 
 
 def achieved(p: Problem, us: float) -> tuple[float, float]:

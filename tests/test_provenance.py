@@ -1,0 +1,114 @@
+"""Which code produced the recorded results and the chapters' stored outputs (mla_lab/provenance.py)."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from mla_lab import provenance
+from mla_lab.extension import CSRC, ROOT, source_digest
+from mla_lab.provenance import (all_chapters, chapter_sources, chapter_staleness, run_record, stamp,
+                                stored_record)
+
+
+def _names(files):
+    return [str(f.relative_to(ROOT)) for f in files]
+
+
+def test_a_chapter_depends_on_its_own_and_earlier_stages_only():
+    three = _names(chapter_sources("03_kv_split.ipynb"))
+    assert "csrc/stage03_kv_split.cu" in three and "csrc/stage01_naive.cu" in three
+    assert not [f for f in three if re.match(r"csrc/stage(0[4-9]|[1-9]\d)_", f)]
+    for shared in ("csrc/mla_params.h", "csrc/mla_device.cuh", "csrc/combine_splits.cu", "csrc/bindings.cpp",
+                   "mla_lab/triton_baseline.py"):
+        assert shared in three
+    assert "csrc/stage_list.h" not in three  # it grows with every new stage
+    # chapter 7 has no stage: it depends on stages 0-6, not on 8 and later
+    seven = _names(chapter_sources("07_cuda_graphs.ipynb"))
+    assert "csrc/stage06_float4.cu" in seven and not [f for f in seven if f.startswith("csrc/stage08")]
+    with pytest.raises(ValueError, match="two-digit number"):
+        chapter_sources("intro.ipynb")
+
+
+def test_run_record():
+    rec = run_record()
+    assert rec["source_digest"] == source_digest() and len(rec["package_digest"]) == 16
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert rec["commit"].split("-")[0] == head.stdout.strip()[:12]
+    else:
+        assert rec["commit"] is None
+
+
+def test_commit_from_the_environment_without_git(monkeypatch):
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.setenv("MLA_LAB_COMMIT", "abc123")
+    assert provenance.git_commit() == "abc123"
+    monkeypatch.delenv("MLA_LAB_COMMIT")
+    assert provenance.git_commit() is None
+
+
+@pytest.fixture
+def notebook(tmp_path):
+    """A copy of chapter 03 outside the repository, its provenance removed."""
+    path = tmp_path / "03_kv_split.ipynb"
+    nb = json.loads((ROOT / "chapters" / "03_kv_split.ipynb").read_text())
+    nb.get("metadata", {}).pop("mla_lab", None)
+    path.write_text(json.dumps(nb, indent=1) + "\n")
+    return path
+
+
+def test_stamp_then_staleness(notebook):
+    assert "carry no record of the code that produced them" in chapter_staleness(notebook)
+    cells_before = json.loads(notebook.read_text())["cells"]
+    rec = stamp(notebook, "NVIDIA H200")
+    assert json.loads(notebook.read_text())["cells"] == cells_before  # outputs untouched
+    assert stored_record(notebook) == rec and rec["gpu"] == "NVIDIA H200"
+    assert set(rec["files"]) == set(_names(chapter_sources(notebook)))
+    assert chapter_staleness(notebook) is None
+
+    # a kernel file it measures changed since: named
+    nb = json.loads(notebook.read_text())
+    nb["metadata"]["mla_lab"]["provenance"]["files"]["csrc/stage03_kv_split.cu"] = "0" * 16
+    del nb["metadata"]["mla_lab"]["provenance"]["files"]["csrc/stage02_flash_ht8.cu"]
+    nb["metadata"]["mla_lab"]["provenance"]["files"]["csrc/stage03_old_name.cu"] = "1" * 16
+    notebook.write_text(json.dumps(nb))
+    said = chapter_staleness(notebook)
+    assert "come from older sources than those it measures" in said and "on NVIDIA H200" in said
+    assert "changed: csrc/stage03_kv_split.cu" in said
+    assert "new: csrc/stage02_flash_ht8.cu" in said and "gone: csrc/stage03_old_name.cu" in said
+    assert "mla-lab chapters execute" in said
+
+    stamp(notebook, None)  # executed without a GPU (mla-lab chapters execute --force)
+    assert "from a run without a GPU" in chapter_staleness(notebook)
+
+
+def test_a_later_stage_file_leaves_earlier_chapters_fresh(notebook, monkeypatch, tmp_path):
+    stamp(notebook, "NVIDIA H200")
+    csrc = tmp_path / "csrc"
+    shutil.copytree(CSRC, csrc)
+    monkeypatch.setattr(provenance, "CSRC", csrc)
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    monkeypatch.setattr(provenance, "TRITON_SOURCE", tmp_path / "triton_baseline.py")
+    shutil.copy(ROOT / "mla_lab" / "triton_baseline.py", tmp_path / "triton_baseline.py")
+    nb = json.loads(notebook.read_text())
+    files = nb["metadata"]["mla_lab"]["provenance"]["files"]
+    nb["metadata"]["mla_lab"]["provenance"]["files"] = {k.replace("mla_lab/", ""): v for k, v in files.items()}
+    notebook.write_text(json.dumps(nb))
+    assert chapter_staleness(notebook) is None
+    (csrc / "stage42_new_idea.cu").write_text("// a new stage\n")
+    (csrc / "stage_list.h").write_text((csrc / "stage_list.h").read_text() + "MLA_STAGE(new_idea, 1, 16, 0, 0, \"\", \"\")\n")
+    assert chapter_staleness(notebook) is None
+    (csrc / "stage03_kv_split.cu").write_text("// edited\n")
+    assert "changed: csrc/stage03_kv_split.cu" in chapter_staleness(notebook)
+
+
+@pytest.mark.parametrize("chapter", all_chapters(), ids=lambda p: p.stem)
+def test_stored_outputs_come_from_the_sources_they_measure(chapter):
+    said = chapter_staleness(chapter)
+    assert said is None, said
