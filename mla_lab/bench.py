@@ -3,13 +3,15 @@
 For each configuration it builds one poisoned workload and its fp32
 reference; for each stage it first checks the output (and stops loudly if it
 is wrong), then times it eagerly and as a CUDA-graph replay (median of many
-runs, L2 flushed before each).  It prints the table, writes
-``results/<gpu>.json`` and ``results/<gpu>.png``.  Without a GPU it measures
-nothing and prints the most recent recorded results instead.
+runs, L2 flushed before each).  It prints the table (time, speedups over the
+naive kernel and Triton, TB/s, TFLOP/s, the roofline floor) and adds the run
+to ``results/<gpu>.json`` with a plot, ``results/<gpu>.png``; each run records
+its date, GPU, versions, the ceilings it measured, and the commit and source
+digests of the code it measured.
 
-    mla-lab bench                                   # the article's grid
-    mla-lab bench --heads 8 --prefix 16384 65536 --q-len 9 16 --streams 1 8
-    mla-lab bench --stages triton float4 --page-size 64
+Without a GPU it measures nothing: it prints the most recent recorded
+results, narrowed to the stages and shapes the options ask for, and says
+which options it cannot apply.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import time
 import torch
 
 from . import results as _results
-from . import roofline, stages
+from . import provenance, roofline, stages
 from .problem import Problem, make_workload
 from .reference import reference_attention
 from .verify import DEFAULT_TOL, compare
 
 DEFAULT_PREFIXES = (256, 1024, 4096, 16384, 65536)
 DEFAULT_HEADS = (64, 8)
+QUICK_PREFIXES = (1024, 16384)
 
 
 class WrongAnswer(SystemExit):
@@ -111,44 +114,148 @@ def grid(args) -> list[Problem]:
     return out
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="mla-lab bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stages", nargs="+", default=[s.id for s in stages.STAGES],
-                    choices=[s.id for s in stages.STAGES])
-    ap.add_argument("--streams", nargs="+", type=int, default=[1])
-    ap.add_argument("--q-len", nargs="+", type=int, default=[9])
-    ap.add_argument("--heads", nargs="+", type=int, default=list(DEFAULT_HEADS))
-    ap.add_argument("--prefix", nargs="+", type=int, default=list(DEFAULT_PREFIXES))
-    ap.add_argument("--page-size", type=int, default=1)
+# The grid when an option is not given: the article's, or with --quick one that takes about a minute.
+FULL = dict(streams=[1], q_len=[9], heads=list(DEFAULT_HEADS), prefix=list(DEFAULT_PREFIXES), rep_ms=100.0)
+QUICK = dict(streams=[1], q_len=[9], heads=[8], prefix=list(QUICK_PREFIXES), rep_ms=20.0)
+# Options that pick which measurements (they filter recorded results without a GPU), and those that only
+# change how a run measures or where it writes (nothing to apply without a GPU).
+SELECTING = ("stages", "streams", "q_len", "heads", "prefix", "page_size", "contiguous", "quick", "probes", "no_peers")
+MEASURING = ("triton_splits", "rep_ms", "no_graph", "no_ceilings", "out", "no_save")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``mla-lab bench`` (each grid option left None here means: the grid's default)."""
+    ids = [s.id for s in stages.STAGES]
+    ap.add_argument("--stages", nargs="+", default=None, choices=ids, metavar="STAGE",
+                    help=f"stages to measure, in the order given (default: all: {' '.join(ids)})")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a small grid that takes about a minute: 8 heads, prefixes "
+                         f"{' '.join(map(str, QUICK_PREFIXES))}, {QUICK['rep_ms']:.0f} ms per measurement; "
+                         "prints the table and writes nothing unless --out is given")
+    ap.add_argument("--streams", nargs="+", type=int, default=None, metavar="B", help="streams (default 1)")
+    ap.add_argument("--q-len", nargs="+", type=int, default=None, metavar="T",
+                    help="query rows per stream: the draft plus one (default 9)")
+    ap.add_argument("--heads", nargs="+", type=int, default=None, metavar="H",
+                    help=f"query heads (default {' '.join(map(str, DEFAULT_HEADS))})")
+    ap.add_argument("--prefix", nargs="+", type=int, default=None, metavar="TOKENS",
+                    help=f"cached tokens before the draft (default {' '.join(map(str, DEFAULT_PREFIXES))})")
+    ap.add_argument("--page-size", type=int, default=None, metavar="TOKENS", help="tokens per page (default 1)")
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
-    ap.add_argument("--triton-splits", type=int, default=stages.TRITON_DEFAULT_SPLITS, help="KV splits of the Triton baseline")
-    ap.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per measurement")
+    ap.add_argument("--triton-splits", type=int, default=stages.TRITON_DEFAULT_SPLITS, metavar="N",
+                    help=f"KV splits of the Triton baseline (default {stages.TRITON_DEFAULT_SPLITS})")
+    ap.add_argument("--rep-ms", type=float, default=None, metavar="MS",
+                    help="repetition time of each measurement (default 100; 20 with --quick)")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
     ap.add_argument("--no-probes", dest="probes", action="store_false",
                     help="skip the float4_reads probe (timed beside float4 when float4 is benched)")
     ap.add_argument("--no-peers", action="store_true", help="skip FlashMLA / FlashInfer even if importable")
-    ap.add_argument("--no-ceilings", action="store_true", help="use the device table's ceilings instead of measuring")
-    ap.add_argument("--out", default=None, help="results file (default results/<gpu>.json)")
-    ap.add_argument("--no-save", action="store_true")
-    return ap.parse_args(argv)
+    ap.add_argument("--no-ceilings", action="store_true",
+                    help="take the bandwidth and matrix rate from the device table instead of measuring them")
+    ap.add_argument("--out", default=None, metavar="FILE",
+                    help="results file to add this run to (default results/<gpu>.json)")
+    ap.add_argument("--no-save", action="store_true", help="print the table, write nothing")
 
 
-def show_recorded() -> int:
-    rec = _results.load()
+EXAMPLES = """\
+examples:
+  mla-lab bench --quick                                   # about a minute: is this GPU set up?
+  mla-lab bench                                           # the article's grid, every stage
+  mla-lab bench --heads 8 --prefix 16384 65536 --q-len 9 16 --streams 1 8
+  mla-lab bench --stages triton float4 --page-size 64 --contiguous
+  mla-lab bench --stages tensor_core --heads 8            # without a GPU: the recorded ones only
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mla-lab bench", description=__doc__, epilog=EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return ap
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the options left unset from the full grid, or the quick one."""
+    base = QUICK if args.quick else FULL
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, list(value) if isinstance(value, list) else value)
+    if args.stages is None:
+        args.stages = [s.id for s in stages.STAGES]
+    if args.page_size is None:
+        args.page_size = 1
+    return args
+
+
+def parse_args(argv=None):
+    return resolve(parser().parse_args(argv))
+
+
+def given_options(ap: argparse.ArgumentParser, argv) -> set[str]:
+    """The destinations of the options present in ``argv`` (defaults left out)."""
+    saved = {a.dest: a.default for a in ap._actions}
+    try:
+        for a in ap._actions:
+            a.default = argparse.SUPPRESS
+        return set(vars(ap.parse_args(argv)))
+    finally:
+        for a in ap._actions:
+            a.default = saved[a.dest]
+
+
+def _matches(r: dict, args, given: set[str]) -> bool:
+    """Whether recorded record ``r`` is one the given options ask for."""
+    if "stages" in given and r["stage"] not in args.stages and not (
+            r.get("kind") == "probe" and "float4" in args.stages):
+        return False
+    if r.get("kind") == "probe" and not args.probes:
+        return False
+    if r.get("kind") == "peer" and args.no_peers:
+        return False
+    grid_keys = {"streams": "streams", "q_len": "q_len", "heads": "heads", "prefix": "prefix"}
+    for opt, key in grid_keys.items():
+        if (opt in given or "quick" in given) and r[key] not in getattr(args, opt):
+            return False
+    if "page_size" in given and r["page_size"] != args.page_size:
+        return False
+    if "contiguous" in given and r["scattered"]:
+        return False
+    return True
+
+
+def _option(dest: str) -> str:
+    return {"probes": "--no-probes"}.get(dest, "--" + dest.replace("_", "-"))
+
+
+def show_recorded(args=None, given: set[str] = frozenset()) -> int:
+    """Without a GPU: the most recent recorded results, narrowed to what the options ask for."""
     print("No CUDA GPU here: mla-lab bench measures nothing without one.")
+    ignored = [_option(d) for d in MEASURING if d in given]
+    if ignored:
+        print(f"Ignored here (they change how a run measures or where it writes, and nothing is measured): "
+              f"{' '.join(ignored)}.")
+    rec = _results.load()
     if rec is None:
         print("No recorded results in results/ either.")
         return 0
-    print(f"Most recent recorded results, {rec.describe()}:\n")
-    print(_results.format_table(rec.records, [s.id for s in stages.STAGES] + ["flashmla", "flashinfer"]))
+    selecting = [d for d in SELECTING if d in given]
+    records = [r for r in rec.records if _matches(r, args, given)] if selecting else rec.records
+    narrowed = f", only those {' '.join(_option(d) for d in selecting)} asks for" if selecting else ""
+    if not records:
+        print(f"Most recent recorded results, {rec.describe()}: none of them is one "
+              f"{' '.join(_option(d) for d in selecting)} asks for.")
+        return 0
+    print(f"Most recent recorded results, {rec.describe()}{narrowed}:\n")
+    order = args.stages if "stages" in given else [s.id for s in stages.STAGES]
+    print(_results.format_table(records, list(order) + ["float4_reads", "flashmla", "flashinfer"]))
     return 0
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = parser()
+    args = resolve(ap.parse_args(argv))
     if not torch.cuda.is_available():
-        return show_recorded()
+        return show_recorded(args, given_options(ap, argv))
 
     from . import ops
     from .timing import measure_ceilings, time_call
@@ -158,19 +265,22 @@ def main(argv=None) -> int:
     slug = _results.gpu_slug(gpu)
     started = time.time()
     print(f"mla-lab bench on {gpu} ({props.multi_processor_count} SMs)", flush=True)
+    spec, spec_note = roofline.device_spec_for_current_gpu()
+    print(f"device table: {spec_note}", flush=True)
     if args.no_ceilings:
+        if spec is None:
+            raise SystemExit("mla-lab bench: --no-ceilings takes the ceilings from the device table, which has no "
+                             f"entry for {gpu}; run without --no-ceilings to measure them")
         ceilings = None
     else:
         ceilings = measure_ceilings()
         print(f"ceilings measured now: copy {ceilings['copy_tbs']:.2f} TB/s, bf16 matmul "
               f"{ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, fp32 matmul {ceilings['fp32_matmul_tflops']:.1f} TFLOP/s",
               flush=True)
-    spec = next((d for d in roofline.DEVICES.values() if d.arch == f"{props.major}.{props.minor}"),
-                roofline.DEVICES["h200"])
 
     wanted = [stages.get(s) for s in args.stages]
     if any(s.is_cuda for s in wanted):
-        ops.extension()
+        ops.load_ops()
     peers = {} if args.no_peers else _peers()
     problems = grid(args)
     total = len(problems) * (len(wanted) + len(peers))
@@ -179,7 +289,8 @@ def main(argv=None) -> int:
         w = make_workload(p, device="cuda", seed=1000 + n, poison=True)
         ref_out, ref_lse = reference_attention(*w.args(), check=False)
         fl = roofline.floor(p, spec, bandwidth=ceilings["copy_tbs"] * 1e12 if ceilings else None,
-                            matrix_rate=ceilings["bf16_matmul_tflops"] * 1e12 if ceilings else None)
+                            matrix_rate=ceilings["bf16_matmul_tflops"] * 1e12 if ceilings else None,
+                            fp32_rate=ceilings["fp32_matmul_tflops"] * 1e12 if ceilings and spec is None else None)
         base = dict(streams=p.streams, q_len=p.q_len, heads=p.heads, prefix=p.prefixes[0], page_size=p.page_size,
                     scattered=p.scattered, floor_us=fl.floor_us, cuda_core_floor_us=fl.cuda_core_floor_us,
                     flops=fl.flops, bytes=fl.bytes)
@@ -201,10 +312,11 @@ def main(argv=None) -> int:
                     splits = (ns if st.kind == "triton" else
                               ops.default_num_splits(st, w.q, w.kv_cache, w.block_table) if st.splits else None)
             except RuntimeError as e:
-                if "shared memory" in str(e) or "FlashMLA needs" in str(e):
-                    rec["unsupported"] = str(e).splitlines()[0]
+                said = str(e)
+                if "shared memory" in said or "FlashMLA needs" in said or "needs a GPU of compute capability" in said:
+                    rec["unsupported"] = said.splitlines()[0]  # the message; the lines after are a C++ trace
                     records.append(rec)
-                    print(f"{tag} n/a: {rec['unsupported'][:90]}", flush=True)
+                    print(f"{tag} n/a: {rec['unsupported']}", flush=True)
                     continue
                 raise
             torch.cuda.synchronize()
@@ -230,13 +342,15 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     print()
-    print(_results.format_table(records, [s.id for s in wanted] + list(peers)))
+    print(_results.format_table(records, [s.id for s in wanted] + ["float4_reads"] + list(peers)))
     print(f"\n{n} measurements in {time.time() - started:.0f} s")
-    if args.no_save:
+    if args.no_save or (args.quick and args.out is None):
+        if args.quick and not args.no_save:
+            print("--quick writes nothing (add --out FILE to keep its results)")
         return 0
     run = dict(gpu=gpu, sms=props.multi_processor_count, date=_dt.datetime.now(_dt.timezone.utc).isoformat(
-        timespec="seconds"), command="mla-lab bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        ceilings=ceilings, **_versions())
+        timespec="seconds"), command="mla-lab bench " + " ".join(argv), ceilings=ceilings, device_table=spec_note,
+        **_versions(), **provenance.run_record())
     path = _results.RESULTS / f"{slug}.json" if args.out is None else _results.Path(args.out)
     rec = _results.save(path, run, records)
     png = path.with_suffix(".png")

@@ -121,7 +121,7 @@ def format_table(records: list[dict], stage_order: list[str] | None = None) -> s
             pre = (f"{r['streams']:>2} {r['q_len']:>3} {r['heads']:>3} {r['prefix']:>6} {page:>5} "
                    f"{r['stage']:<13} {str(r.get('num_splits') or ''):>6} ")
             if r.get("unsupported"):
-                lines.append(pre + f"{'n/a':>9} {'n/a':>9}   ({r['unsupported'][:60]})")
+                lines.append(pre + f"{'n/a':>9} {'n/a':>9}   ({r['unsupported']})")  # whole: it says what to do
                 continue
             g = r["us_graph"]
             if r.get("kind") == "probe":  # a floor, not an answer: no eager time, no error

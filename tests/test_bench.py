@@ -191,3 +191,74 @@ def test_format_table_shows_a_probe_as_a_floor():
     assert rows["float4_reads"][5:7] == ["float4_reads", "14"]
     assert rows["float4_reads"][7:11] == ["-", "40.0", "-", "-"] and rows["float4_reads"][11] == "3.50"
     assert "probe: key reads only" in format_table([probe])
+
+
+# ---- without a GPU, the options apply to the recorded results ----------------------------
+
+LONG = ("mla_lab::naive: this call needs 263748 bytes of shared memory per block and the GPU allows 232448 "
+        "(block table of 65545 pages x 1 tokens); the naive stage keeps a score for every key the block table "
+        "can address in shared memory; use a shorter block table or a later stage")
+
+
+@pytest.fixture
+def recorded(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    probe = dict(CONFIG, stage="float4_reads", order=2, kind="probe", us_graph=4.0, tbs=3.5, floor_us=5.0,
+                 num_splits=14)
+    save(tmp_path / "results" / "h200.json", run("02"), [
+        rec("naive", 100.0), rec("float4", 10.0, order=1), probe,
+        rec("naive", 0.0, heads=64, prefix=65536, unsupported=LONG),
+        rec("float4", 30.0, order=1, heads=64, prefix=65536),
+        rec("float4", 12.0, order=1, q_len=16)])
+
+
+def _shown(out):
+    return [(c[5], c[1], c[2], c[3]) for c in (cols(line) for line in out.split(":\n\n", 1)[1].splitlines()[2:])]
+
+
+def test_bench_without_gpu_applies_selecting_options(recorded, capsys):
+    assert bench.main(["--stages", "float4", "--heads", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "only those --stages --heads asks for" in out
+    assert _shown(out) == [("float4", "9", "64", "65536")]
+    assert "Ignored here" not in out
+
+
+def test_bench_without_gpu_names_the_options_it_cannot_apply(recorded, capsys):
+    assert bench.main(["--rep-ms", "5", "--no-graph", "--triton-splits", "8", "--q-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert ("Ignored here (they change how a run measures or where it writes, and nothing is measured): "
+            "--triton-splits --rep-ms --no-graph.") in out
+    assert _shown(out) == [("float4", "16", "8", "1024")]
+
+
+def test_bench_without_gpu_quick_and_probes(recorded, capsys):
+    # --quick: 8 heads, prefixes 1024 and 16384, one stream of 9 rows; the probe comes with float4
+    assert bench.main(["--quick", "--stages", "float4"]) == 0
+    assert _shown(capsys.readouterr().out) == [("float4", "9", "8", "1024"), ("float4_reads", "9", "8", "1024")]
+    assert bench.main(["--quick", "--stages", "float4", "--no-probes"]) == 0
+    assert _shown(capsys.readouterr().out) == [("float4", "9", "8", "1024")]
+
+
+def test_bench_without_gpu_when_nothing_matches(recorded, capsys):
+    assert bench.main(["--prefix", "777"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("none of them is one --prefix asks for.")
+
+
+def test_bench_rows_keep_the_whole_message(recorded, capsys):
+    assert bench.main(["--heads", "64"]) == 0
+    assert f"({LONG})" in capsys.readouterr().out
+
+
+def test_given_options():
+    ap = bench.parser()
+    assert bench.given_options(ap, ["--quick", "--heads", "8", "--no-probes"]) == {"quick", "heads", "probes"}
+    assert bench.given_options(ap, []) == set()
+    # and the parser's defaults are intact afterwards
+    args = bench.resolve(ap.parse_args([]))
+    assert args.heads == [64, 8] and args.rep_ms == 100.0 and args.probes and args.page_size == 1
+    q = bench.resolve(ap.parse_args(["--quick", "--heads", "64"]))
+    assert q.heads == [64] and q.prefix == [1024, 16384] and q.rep_ms == 20.0
