@@ -23,29 +23,10 @@ ARTICLE_PREFIXES = (256, 1024, 4096, 16384, 65536)
 
 # ---- which GPU, and its entry in the device table ---------------------------------
 
-def device_spec(name: str, arch: str) -> tuple[roofline.DeviceSpec | None, str]:
-    """The device table's entry for the GPU called ``name`` with compute capability ``arch``.
-
-    Returns ``(spec, note)``.  The GPU is found by its model in the name (the
-    table's keys: ``h200``, ``h100``, ``rtx_pro_6000``) and must have the table's
-    compute capability.  A GPU the table lacks gets ``None`` and a note saying
-    what the chapters use instead; never another GPU's figures.
-    """
-    slug = _results.gpu_slug(name)
-    for key, spec in roofline.DEVICES.items():
-        if key in slug and spec.arch == arch:
-            return spec, f"{name} (sm_{arch.replace('.', '')}): {spec.name} in the device table"
-    return None, (f"{name} (sm_{arch.replace('.', '')}) is not in the device table (mla_lab/roofline.py DEVICES): "
-                  "floors use the copy and matmul rates measured on it now, the CUDA-core floor its measured "
-                  "fp32 matmul rate (no datasheet figure); add an entry to compare with its datasheet")
-
-
 def device_here() -> tuple[roofline.DeviceSpec | None, str]:
-    """:func:`device_spec` for the GPU this process runs on (``None`` and a note without one)."""
-    if not GPU:
-        return None, "no GPU here"
-    p = torch.cuda.get_device_properties(0)
-    return device_spec(p.name, f"{p.major}.{p.minor}")
+    """The device table's entry for the GPU this process runs on, and a note; ``None`` for a GPU the
+    table lacks (or without a GPU), never another model's figures (:func:`roofline.device_spec_for`)."""
+    return roofline.device_spec_for_current_gpu()
 
 
 @functools.lru_cache(maxsize=None)
