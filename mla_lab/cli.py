@@ -1,29 +1,108 @@
-"""The ``mla-lab`` command: ``bench``, ``verify``, ``build``, ``resources``, ``chapters``."""
+"""The ``mla-lab`` command.
+
+    mla-lab --help               the commands, one line each
+    mla-lab <command> --help     what a command does, its options, examples
+
+Every command is one entry of :data:`COMMANDS`: a name, a one-line summary,
+a description, examples, a function that adds its options and one that runs it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+Raw = argparse.RawDescriptionHelpFormatter
 
 
-def _verify(argv) -> int:
-    ap = argparse.ArgumentParser(prog="mla-lab verify",
-                                 description="Check stages against the fp32 reference over the test grid.")
-    ap.add_argument("--stages", nargs="+", default=None)
-    ap.add_argument("--quick", action="store_true", help="skip the largest shapes")
-    args = ap.parse_args(argv)
+@dataclass(frozen=True)
+class Command:
+    name: str
+    summary: str  # one line, in `mla-lab --help`
+    description: str | Callable[[], str]  # what it does, in `mla-lab <name> --help`
+    examples: str | Callable[[], str]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list], int]  # (parsed options, the arguments after the command name)
+
+
+def _has_gpu() -> bool:
     import torch
 
+    return torch.cuda.is_available()
+
+
+# ---- build ---------------------------------------------------------------------------
+
+def _build_args(ap):
+    ap.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands and output")
+
+
+def _build(args, argv) -> int:
+    from .extension import build_dir, load, target_archs
+
+    mod = load(verbose=args.verbose)
+    print(f"built for sm {', '.join(target_archs())} in {build_dir()}; stages: {', '.join(mod.stage_ids())}")
+    return 0
+
+
+# ---- bench -----------------------------------------------------------------------------
+
+def _bench_args(ap):
+    from .bench import add_arguments
+
+    add_arguments(ap)
+
+
+def _bench(args, argv) -> int:
+    from .bench import main
+
+    return main(argv)
+
+
+# ---- verify ------------------------------------------------------------------------------
+
+def _stage_ids():
+    from .stages import STAGES
+
+    return [s.id for s in STAGES]
+
+
+def _verify_args(ap):
+    ap.add_argument("--stages", nargs="+", default=None, choices=_stage_ids(), metavar="STAGE",
+                    help=f"stages to check (default: all: {' '.join(_stage_ids())})")
+    ap.add_argument("--quick", action="store_true", help="leave out the largest shapes of the GPU grid")
+
+
+def _verify(args, argv) -> int:
     from . import stages
     from .verify import cpu_grid, gpu_grid, verify_attention
 
-    if not torch.cuda.is_available():
-        print("No CUDA GPU: verifying the Triton baseline only, on small shapes, in Triton's interpreter.")
-        verify_attention("triton", cpu_grid(), device="cpu", verbose=True)
-        return 0
     ids = args.stages or [s.id for s in stages.STAGES]
+    if not _has_gpu():
+        cuda = [s for s in ids if stages.get(s).is_cuda]
+        print("No CUDA GPU here: the CUDA stages cannot run." + (f" Skipped: {' '.join(cuda)}." if cuda else ""))
+        if args.quick:
+            print("Ignored here: --quick (it trims the GPU grid; the CPU grid is small already).")
+        if "triton" not in ids:
+            print("Nothing to verify without a GPU: only the Triton baseline runs here (--stages triton).")
+            return 1 if cuda else 0
+        print("Verifying the Triton baseline on the CPU grid, in Triton's interpreter:")
+        checks = verify_attention("triton", cpu_grid(), device="cpu", verbose=True, raise_on_failure=False)
+        return 0 if all(c.ok for c in checks) else 1
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
     failed = 0
     for sid in ids:
+        st = stages.get(sid)
+        if not st.runs_on(major, minor):
+            print(f"{sid:<13} skipped: this GPU is sm_{major}{minor}; the stage runs on compute capability "
+                  f"{st.min_cc / 10:.1f}{' to %.1f' % (st.max_cc / 10) if st.max_cc else ' and newer'}", flush=True)
+            continue
         checks = verify_attention(sid, gpu_grid(full=not args.quick), raise_on_failure=False)
         bad = [c for c in checks if not c.ok]
         worst = max(c.rel_err for c in checks)
@@ -34,10 +113,14 @@ def _verify(argv) -> int:
     return 1 if failed else 0
 
 
-def _resources(argv) -> int:
-    ap = argparse.ArgumentParser(prog="mla-lab resources", description="ptxas resource report per kernel.")
-    ap.add_argument("--arch", nargs="+", default=["9.0", "12.0"])
-    args = ap.parse_args(argv)
+# ---- resources -------------------------------------------------------------------------------
+
+def _resources_args(ap):
+    ap.add_argument("--arch", nargs="+", default=["9.0", "12.0"], metavar="CC",
+                    help="compute capabilities to compile for, as 9.0 (default: 9.0 12.0)")
+
+
+def _resources(args, argv) -> int:
     from .resources import ptxas_report
 
     print(f"{'arch':>5} {'kernel':<24} {'regs':>5} {'smem':>6} {'stack':>6} {'spills':>7}")
@@ -48,32 +131,232 @@ def _resources(argv) -> int:
     return 0
 
 
+# ---- chapters ------------------------------------------------------------------------------
+
+def _chapters_args(ap):
+    sub = ap.add_subparsers(dest="action", metavar="ACTION", title="actions")
+    ex = sub.add_parser(
+        "execute", formatter_class=Raw, help="run chapters top to bottom and store their outputs",
+        description=textwrap.fill(
+            "Run the chapters (all, or the ones named) top to bottom in a Jupyter kernel and write their outputs "
+            "back into the notebooks, the way the stored outputs were made. Each chapter that runs to the end "
+            "is stamped (in its notebook metadata) with the GPU and the digests of the sources it measures, "
+            "which the tests check. Without a GPU this would replace measured outputs by recorded ones, so it "
+            "refuses unless --force.", 100),
+        epilog="examples:\n  mla-lab chapters execute\n  mla-lab chapters execute chapters/03_kv_split.ipynb\n"
+               "  mla-lab chapters execute --force chapters/00_problem_and_baseline.ipynb   # CPU: does it run?")
+    ex.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="chapters/NN_name.ipynb (default: every chapter)")
+    ex.add_argument("--force", action="store_true",
+                    help="execute even without a GPU (to see that the chapters run; the outputs are not for keeping)")
+    ex.add_argument("--timeout", type=int, default=1200, metavar="S", help="seconds a cell may take (default 1200)")
+    ap.set_defaults(chapters_parser=ap)
+
+
+def _chapters(args, argv) -> int:
+    if args.action is None:
+        args.chapters_parser.print_help(sys.stderr)
+        return 2
+    if args.action == "execute":
+        return _chapters_execute(args)
+    return 2
+
+
+def _chapters_execute(args) -> int:
+    from . import provenance
+
+    gpu = None
+    if _has_gpu():
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    elif not args.force:
+        print("mla-lab chapters execute: no CUDA GPU here. Executing would replace the chapters' stored GPU "
+              "outputs with CPU ones (recorded numbers instead of measurements). Run it on a GPU, or pass "
+              "--force to execute anyway (to check that the chapters run; do not keep those outputs).",
+              file=sys.stderr)
+        return 1
+    from .chapters import execute
+
+    paths = [Path(p) for p in args.notebooks] or provenance.all_chapters()
+    failed = []
+    for path in paths:
+        if execute([str(path)], timeout=args.timeout) == 0:
+            provenance.stamp(path, gpu)
+        else:
+            failed.append(path.name)
+    if gpu is None:
+        print("executed without a GPU: these outputs are stamped as such and the tests will say so")
+    if failed:
+        print(f"{len(failed)} of {len(paths)} chapters failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+# ---- exploration on a GPU ------------------------------------------------------------------
+
+def _shape_args(ap, *, heads=(8,), prefix=(1024, 16384, 65536)):
+    ap.add_argument("--streams", nargs="+", type=int, default=[1], metavar="B", help="streams (default 1)")
+    ap.add_argument("--q-len", nargs="+", type=int, default=[9], metavar="T", help="query rows per stream (default 9)")
+    ap.add_argument("--heads", nargs="+", type=int, default=list(heads), metavar="H",
+                    help=f"query heads (default {' '.join(map(str, heads))})")
+    ap.add_argument("--prefix", nargs="+", type=int, default=list(prefix), metavar="TOKENS",
+                    help=f"cached tokens before the draft (default {' '.join(map(str, prefix))})")
+    ap.add_argument("--page-size", type=int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
+    ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
+
+
+def _problems(args):
+    from .problem import Problem
+
+    return [Problem(streams=b, q_len=t, heads=h, prefix=p, page_size=args.page_size, scattered=not args.contiguous)
+            for b in args.streams for t in args.q_len for h in args.heads for p in args.prefix]
+
+
+def _sweep_args(ap):
+    from .explore import DEFAULT_SPLITS
+
+    ap.add_argument("--stages", nargs="+", default=["tensor_core"], choices=_stage_ids(), metavar="STAGE",
+                    help="split stages (or triton) to sweep (default tensor_core)")
+    ap.add_argument("--splits", nargs="+", type=int, default=list(DEFAULT_SPLITS), metavar="N",
+                    help=f"split counts to time, besides the stage's own (default {' '.join(map(str, DEFAULT_SPLITS))})")
+    _shape_args(ap)
+    ap.add_argument("--rep-ms", type=float, default=40.0, metavar="MS", help="repetition time per timing (default 40)")
+
+
+def _sweep(args, argv) -> int:
+    from .explore import sweep
+
+    sweep(args.stages, _problems(args), args.splits, rep_ms=args.rep_ms)
+    return 0
+
+
+def _kernel_times_args(ap):
+    ap.add_argument("--stages", nargs="+", default=["tensor_core"], choices=_stage_ids(), metavar="STAGE",
+                    help="stages to profile (default tensor_core)")
+    _shape_args(ap, heads=(8, 64), prefix=(16384,))
+    ap.add_argument("--calls", type=int, default=20, metavar="N", help="calls to average over (default 20)")
+
+
+def _kernel_times(args, argv) -> int:
+    from .explore import kernel_times
+
+    kernel_times(args.stages, _problems(args), calls=args.calls)
+    return 0
+
+
+def _profile_target_args(ap):
+    ap.add_argument("stage", choices=_stage_ids(), metavar="STAGE", help="the stage to run")
+    for name, what in (("streams", "streams"), ("q_len", "query rows per stream"), ("heads", "query heads"),
+                       ("prefix", "cached tokens before the draft")):
+        ap.add_argument(name, type=int, metavar=name.upper(), help=what)
+    ap.add_argument("--splits", type=int, default=None, metavar="N", help="split count (default: the stage's rule)")
+    ap.add_argument("--page-size", type=int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
+    ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
+    ap.add_argument("--calls", type=int, default=3, metavar="N", help="calls to make (default 3)")
+
+
+def _profile_target(args, argv) -> int:
+    from .explore import profile_target
+    from .problem import Problem
+
+    p = Problem(streams=args.streams, q_len=args.q_len, heads=args.heads, prefix=args.prefix,
+                page_size=args.page_size, scattered=not args.contiguous)
+    profile_target(args.stage, p, num_splits=args.splits, calls=args.calls)
+    return 0
+
+
+def _bench_text(name: str) -> Callable[[], str]:
+    def text():
+        from . import bench
+
+        return getattr(bench, name)
+
+    return text
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("build", "compile the CUDA extension now (otherwise it is compiled on first use)",
+            "Compile every kernel stage of csrc/ into one extension under build/, for this machine's GPU, or "
+            "without one for sm_90 and sm_120 (MLA_LAB_CUDA_ARCHS=\"9.0;12.0\" chooses). Later calls reuse it "
+            "and rebuild only what changed. Needs the CUDA toolkit; set CUDA_HOME if the nvcc on the PATH is a "
+            "wrapper.",
+            "examples:\n  mla-lab build\n  MLA_LAB_CUDA_ARCHS=\"9.0\" mla-lab build -v",
+            _build_args, _build),
+    Command("bench", "check, then time every stage over a grid of shapes; record the results",
+            _bench_text("__doc__"), _bench_text("EXAMPLES"), _bench_args, _bench),
+    Command("verify", "hold stages to the fp32 reference over the test grid (poisoned inputs)",
+            "Check each stage against the fp32 reference over a grid of shapes (streams 1 and 3, q_len 1, 9 "
+            "and 16, heads 1, 8 and 64, prefixes up to 16384, three page layouts), with NaN poisoned into "
+            "everything a kernel must not read. Without a GPU only the Triton baseline runs, on a small CPU "
+            "grid in Triton's interpreter, and the CUDA stages are named as skipped.",
+            "examples:\n  mla-lab verify --quick\n  mla-lab verify --stages tensor_core shared_rows",
+            _verify_args, _verify),
+    Command("resources", "registers, shared memory and spills of every kernel, from the compiler (no GPU)",
+            "Compile each kernel file for the given architectures with ptxas -v and print its resource report: "
+            "registers, static shared memory, stack and spills per kernel. Needs nvcc, not a GPU.",
+            "examples:\n  mla-lab resources\n  mla-lab resources --arch 12.0",
+            _resources_args, _resources),
+    Command("chapters", "execute the chapters and store their outputs (on a GPU)",
+            "Work with the chapters of the workbook (chapters/*.ipynb).",
+            "examples:\n  mla-lab chapters execute\n  mla-lab chapters execute chapters/09_tensor_cores.ipynb",
+            _chapters_args, _chapters),
+    Command("sweep", "time split stages at several split counts (GPU)",
+            "Time each given stage at each split count on each shape (CUDA-graph replay, L2 flushed), after "
+            "checking its answer, with the count the stage's own rule picks marked '*' and the fastest named. "
+            "Writes nothing.",
+            "examples:\n  mla-lab sweep --stages tensor_core --heads 8 64 --prefix 16384\n"
+            "  mla-lab sweep --stages triton float4 --splits 4 16 64 --prefix 4096 65536",
+            _sweep_args, _sweep),
+    Command("kernel-times", "GPU time of each kernel one call launches (GPU)",
+            "Run each stage on each shape and report, from CUDA's activity records (torch.profiler), the time "
+            "each of its kernels takes per call: the main kernel, the combine kernel, any other.",
+            "examples:\n  mla-lab kernel-times --stages tensor_core shared_rows --heads 8 64",
+            _kernel_times_args, _kernel_times),
+    Command("profile-target", "a few calls of one stage on one shape, for a profiler (GPU)",
+            "Make a few calls of STAGE on one shape (STREAMS, Q_LEN, HEADS, PREFIX) and nothing else: a process "
+            "for Nsight Compute or Nsight Systems to attach to.",
+            "examples:\n  mla-lab profile-target tensor_core 1 9 64 16384\n"
+            "  ncu -k regex:tensor_core --launch-skip 2 --launch-count 1 --section SpeedOfLight \\\n"
+            "      mla-lab profile-target tensor_core 1 9 64 16384",
+            _profile_target_args, _profile_target),
+)
+
+EPILOG = """\
+first steps:
+  mla-lab bench --quick        on a GPU: build, check and time every stage in about a minute
+  mla-lab bench                without a GPU: the recorded results
+  mla-lab <command> --help     a command's options and examples
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="mla-lab", formatter_class=Raw, epilog=EPILOG,
+        description="A workbook of CUDA kernels for MLA verify attention: build, check, time and explore them.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for c in COMMANDS:
+        text = [t() if callable(t) else t for t in (c.description, c.examples)]
+        if "\n" not in text[0]:
+            text[0] = textwrap.fill(text[0], 100)
+        p = sub.add_parser(c.name, help=c.summary, description=text[0], epilog=text[1], formatter_class=Raw)
+        c.add_arguments(p)
+    return ap
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("bench", "verify", "build", "resources", "chapters")
-    if not argv or argv[0] not in commands:
-        print(f"usage: mla-lab {{{','.join(commands)}}} [options]   (mla-lab <command> --help for more)")
+    ap = parser()
+    names = [c.name for c in COMMANDS]
+    if argv and not argv[0].startswith("-") and argv[0] not in names:
+        ap.print_usage(sys.stderr)
+        print(f"mla-lab: unknown command '{argv[0]}'; the commands are {', '.join(names)} "
+              "(mla-lab --help says what each does)", file=sys.stderr)
         return 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "bench":
-        from .bench import main as bench
-
-        return bench(rest)
-    if cmd == "verify":
-        return _verify(rest)
-    if cmd == "build":
-        from .extension import build_dir, load, target_archs
-
-        mod = load(verbose="-v" in rest)
-        print(f"built for sm {', '.join(target_archs())} in {build_dir()}; stages: {', '.join(mod.stage_ids())}")
-        return 0
-    if cmd == "resources":
-        return _resources(rest)
-    if cmd == "chapters":
-        from .chapters import main as chapters
-
-        return chapters(rest)
-    return 2
+    args = ap.parse_args(argv)  # --help prints and exits 0
+    if args.command is None:
+        ap.print_help(sys.stderr)
+        return 2
+    command = next(c for c in COMMANDS if c.name == args.command)
+    return command.run(args, argv[1:])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 
 from .problem import Problem, make_workload
 from .reference import reference_attention
+from .validate import InputError
 
 # bf16 inputs and output against an fp32 reference land near 2e-3.
 DEFAULT_TOL = 5e-3
@@ -68,17 +69,31 @@ def _as_fn(fn: AttentionFn | str, **kw) -> AttentionFn:
 
 
 def verify_attention(fn: AttentionFn | str, problems: Iterable[Problem] | None = None, *,
-                     device: str | torch.device = "cuda", tol: float = DEFAULT_TOL, seed: int | None = None,
+                     device: str | torch.device | None = None, tol: float = DEFAULT_TOL, seed: int | None = None,
                      raise_on_failure: bool = True, verbose: bool = False, **stage_kw) -> list[Check]:
     """Check an attention implementation against the fp32 reference.
 
     ``fn`` is a stage id (``"float4"``) or any callable
     ``fn(q, kv_cache, block_table, kv_lens, scale, out, lse)`` that writes its
-    answer into ``out`` and ``lse``.  ``problems`` defaults to :func:`gpu_grid`
-    on a GPU and :func:`cpu_grid` elsewhere.  Returns one :class:`Check` per
-    problem; raises ``AssertionError`` listing the failures unless told not to.
+    answer into ``out`` and ``lse``.  ``device`` defaults to ``"cuda"`` on a
+    machine with a GPU and ``"cpu"`` elsewhere; ``problems`` defaults to
+    :func:`gpu_grid` on a GPU and :func:`cpu_grid` on the CPU.  On the CPU the
+    ``"triton"`` stage runs in Triton's interpreter; the CUDA stages need a
+    GPU.  Returns one :class:`Check` per problem; raises ``AssertionError``
+    listing the failures unless told not to.
     """
-    device = torch.device(device)
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    what = f"stage {fn!r}" if isinstance(fn, str) else "a callable"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"verify_attention: device={str(device)!r} but this machine has no CUDA GPU; pass "
+                         f"device='cpu' to check {what} on the CPU grid")
+    if isinstance(fn, str):
+        from . import stages
+
+        st = stages.get(fn)
+        if st.is_cuda and device.type != "cuda":
+            raise InputError(f"verify_attention: stage {fn!r} is a CUDA kernel and runs on a GPU only (got device="
+                             f"{str(device)!r}); on the CPU, verify 'triton' (in Triton's interpreter) or a callable")
     call = _as_fn(fn, **stage_kw)
     if problems is None:
         problems = gpu_grid() if device.type == "cuda" else cpu_grid()
@@ -108,7 +123,7 @@ def _prefix_for(streams: int, prefix: int) -> int | tuple[int, ...]:
 
 
 def gpu_grid(full: bool = True) -> list[Problem]:
-    """The grid every CUDA stage must pass on a GPU (issue 2's list).
+    """The grid every CUDA stage must pass on a GPU.
 
     streams 1 and 3 (different lengths), q_len 1, 9, 16, heads 1, 8, 64,
     prefixes 0, 1, 255, 1000, 4097, 16384, pages of 1 (scattered), 16 and 64.
