@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
-# One lease of a GPU machine, as few calls as possible: build, check, time, and
-# (optionally) execute the chapters.  Everything worth keeping lands in $OUT.
+# A developer's tool: one session on a rented GPU machine, in as few calls as
+# possible.  It builds the extension, then runs the steps named, in order; a
+# failing step is reported and the next one runs.  Logs and packed results land
+# in $OUT (default /tmp/mla_lab_out); results/ and chapters/ are updated in place.
 #
+#   bash scripts/gpu_session.sh quick                      # mla-lab bench --quick
 #   bash scripts/gpu_session.sh test bench extra layouts profile chapters
 #
-# Steps run in the order given; a failing step is reported and the next runs.
+# Steps:
+#   quick     mla-lab bench --quick (about a minute; writes nothing)
+#   test      the whole pytest suite (tests/ only), -x
+#   gputest   tests/test_gpu.py only
+#   verify    mla-lab verify --quick, every stage
+#   bench     mla-lab bench, the article's grid, every stage; if the newest stage fails a quick
+#             check, every stage but it (the bench stops at the first wrong answer)
+#   extra     beyond the article's grid: 8 streams, drafts of 16, 64 heads (the later chapters read these)
+#   layouts   contiguous pages, and 64-token pages
+#   profile   Nsight Compute on one call (PROFILE="stage B T H prefix", default "tensor_core 1 9 64 16384";
+#             PROFILE_KERNEL, a regex of the kernel to profile, default the stage's name),
+#             report in results/profiles/
+#   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
+#   nbval     the chapters against their stored outputs
+#   chapters  execute, then nbval
+#
+# Environment: PY (python, default python3), OUT, PROFILE, MLA_LAB_COMMIT (the commit being measured,
+# recorded with the results where the tree has no .git), and a .wheels/ folder of extra wheels, if present,
+# installed first without network.
 set -uo pipefail
 OUT=${OUT:-/tmp/mla_lab_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
+MLA="$PY -m mla_lab.cli"
 if [ -d .wheels ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
@@ -17,59 +39,65 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 start=$(date +%s)
 step() { echo; echo "=== $1 ($(( $(date +%s) - start )) s in)"; }
 step build
-$PY -m mla_lab.cli build 2>&1 | tail -n 3
-# `chapters` is shorthand for `execute nbval`.
+$MLA build 2>&1 | tail -n 3
 steps=()
 for s in "$@"; do
   if [ "$s" = chapters ]; then steps+=(execute nbval); else steps+=("$s"); fi
 done
 for s in "${steps[@]}"; do
   case "$s" in
+    quick)
+      step quick
+      $MLA bench --quick 2>&1 | tee "$OUT/bench_quick.log" | grep -v '^\[' ;;
     test)
       step test
       $PY -m pytest tests -q -p no:cacheprovider -x --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest.log" ;;
     gputest)
       step gputest
       $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest_gpu.log" ;;
+    verify)
+      step verify
+      $MLA verify --quick 2>&1 | tee "$OUT/verify.log" ;;
     bench)
       step bench
-      # The bench stops at the first wrong answer; if the newest stage fails a quick
-      # check, measure the others rather than nothing.
+      newest=$($PY -c "from mla_lab.stages import STAGES; print(STAGES[-1].id)")
       STAGES=""
-      if ! $PY -m mla_lab.cli verify --stages tensor_core --quick > "$OUT/verify_tensor_core.log" 2>&1; then
-        echo "tensor_core failed its check: benchmarking the other stages"; tail -n 12 "$OUT/verify_tensor_core.log"
-        STAGES="--stages triton naive flash_ht8 kv_split per_head warp_per_key float4 shared_rows"
+      if ! $MLA verify --stages "$newest" --quick > "$OUT/verify_$newest.log" 2>&1; then
+        echo "$newest failed its check: benchmarking the other stages"; tail -n 12 "$OUT/verify_$newest.log"
+        STAGES="--stages $($PY -c "from mla_lab.stages import STAGES; print(' '.join(s.id for s in STAGES[:-1]))")"
       fi
-      $PY -m mla_lab.cli bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
+      $MLA bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     extra)
       step extra
-      # Beyond the article's grid: 8 streams, drafts of 16, 64 heads (chapter 09 reads these).
-      $PY -m mla_lab.cli bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
+      $MLA bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
           --prefix 16384 65536 --rep-ms 50 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 40 ;;
     layouts)
       step layouts
       for layout in "--contiguous" "--page-size 64 --contiguous"; do
-        $PY -m mla_lab.cli bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
+        $MLA bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 \
+            | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
     execute)
       step execute
-      $PY -m mla_lab.cli chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
+      $MLA chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
       tar czf "$OUT/chapters.tgz" chapters/*.ipynb ;;
     nbval)
       step nbval
-      $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
+      $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q \
+          -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
       step profile
-      # Nsight Compute on the tensor-core stage at 64 heads: where its time goes (chapter 09).
+      read -r pstage pB pT pH pprefix <<< "${PROFILE:-tensor_core 1 9 64 16384}"
+      gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
+      report="results/profiles/$gpu-$pstage-B$pB-T$pT-H$pH-$pprefix.txt"
       mkdir -p results/profiles
-      ncu --target-processes all -k regex:tensor_core --launch-skip 2 --launch-count 1 \
+      # the first two calls warm up; the third is the one measured
+      ncu --target-processes all -k "regex:${PROFILE_KERNEL:-$pstage}" --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section SchedulerStats --section WarpStateStats --section Occupancy \
-          $PY scripts/probe_one_call.py tensor_core 1 9 64 16384 2>&1 | grep -v '^==PROF==' \
-          > results/profiles/h200-tensor_core-B1-T9-H64-16384.txt
-      grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" \
-          results/profiles/h200-tensor_core-B1-T9-H64-16384.txt ;;
-    *) echo "unknown step $s" ;;
+          $MLA profile-target "$pstage" "$pB" "$pT" "$pH" "$pprefix" --calls 3 2>&1 | grep -v '^==PROF==' > "$report"
+      grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" "$report" ;;
+    *) echo "unknown step $s (the steps are listed at the top of scripts/gpu_session.sh)" ;;
   esac
 done
 step pack
