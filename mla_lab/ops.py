@@ -77,6 +77,11 @@ def _check_splits(st: Stage, num_splits) -> None:
 
 
 @functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def resident_blocks(stage_id: str, dynamic_smem_bytes: int, device_index: int) -> int:
     """Blocks of the stage's main kernel one SM holds, as the CUDA runtime says."""
     st = _stages.get(stage_id)
@@ -97,8 +102,34 @@ def default_num_splits(stage: str | Stage, q: torch.Tensor, kv_cache: torch.Tens
     max_pages, page_size = block_table.shape[1], kv_cache.shape[1]
     smem = st.smem_bytes(max_pages, page_size)
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    return _stages.choose_num_splits(st, B, T, H, max_pages * page_size, sms, resident_blocks(st.id, smem, dev))
+    return _stages.choose_num_splits(st, B, T, H, max_pages * page_size, _sm_count(dev),
+                                     resident_blocks(st.id, smem, dev))
+
+
+# The split count of a split stage, per stage, device and shape.  Working it
+# out (device properties, the runtime's occupancy answer) costs more than the
+# launch, so a decode loop pays for it once.  It depends on the block table's
+# width, not on the lengths, so a captured call stays right when they change.
+_SPLITS: dict = {}
+
+
+def _default_splits_cached(st: Stage, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor) -> int:
+    if not q.is_cuda:  # only reached by tests (the op refuses CPU tensors): nothing worth caching
+        return default_num_splits(st, q, kv_cache, block_table)
+    key = (st.id, q.device, q.shape, block_table.shape[1], kv_cache.shape[1])
+    ns = _SPLITS.get(key)
+    if ns is None:
+        ns = _SPLITS[key] = default_num_splits(st, q, kv_cache, block_table)
+    return ns
+
+
+_triton_attention = None  # the Triton baseline's entry point, imported on first use (it imports triton)
+_extension_loaded = None  # the extension, once attention() has loaded it
+
+
+def _load_once() -> None:
+    global _extension_loaded
+    _extension_loaded = load_ops()
 
 
 def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: float = DEFAULT_SCALE, *,
@@ -110,28 +141,32 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
     fp32 are allocated unless given.  ``num_splits`` applies to the split
     stages and the Triton baseline (default: the stage's own rule, 4 for Triton).
     """
-    st = _as_stage(stage)
-    _check_splits(st, num_splits)
+    st = stage if isinstance(stage, Stage) else _stages.get(stage)
+    if num_splits is not None:
+        _check_splits(st, num_splits)
     if check:
         check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse,
                        device_type="cuda" if st.is_cuda else None,
                        align_bytes=st.align_bytes if st.is_cuda else 1, name=st.id)
         check_contents(q, kv_cache, block_table, kv_lens, name=st.id)
-    B, T, H, _ = q.shape
-    if out is None:
-        out = torch.empty(B, T, H, D_V, dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     if st.kind == "triton":
-        from .triton_baseline import DEFAULT_SPLITS, triton_verify_attention
-
-        return triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
-                                       num_splits=num_splits or DEFAULT_SPLITS, check=False)
-    load_ops()
+        global _triton_attention
+        if _triton_attention is None:
+            from .triton_baseline import triton_verify_attention as _triton_attention
+        # it allocates out and lse itself, and checks shapes cheaply even unchecked
+        return _triton_attention(q, kv_cache, block_table, kv_lens, scale, out, lse,
+                                 num_splits=num_splits or _stages.TRITON_DEFAULT_SPLITS, check=False)
+    if out is None:
+        out = q.new_empty((*q.shape[:3], D_V))
+    if lse is None:
+        lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    if _extension_loaded is None:
+        _load_once()
     op = getattr(torch.ops.mla_lab, st.id)
     if st.splits:
-        ns = num_splits if num_splits is not None else default_num_splits(st, q, kv_cache, block_table)
-        op(q, kv_cache, block_table, kv_lens, float(scale), int(ns), out, lse)
+        if num_splits is None:
+            num_splits = _default_splits_cached(st, q, kv_cache, block_table)
+        op(q, kv_cache, block_table, kv_lens, float(scale), num_splits, out, lse)
     else:
         op(q, kv_cache, block_table, kv_lens, float(scale), out, lse)
     return out, lse
@@ -142,8 +177,8 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
     """A no-argument call of ``stage`` on ``w`` for timing loops and graph capture.
 
     Everything a call can prepare ahead is prepared here (outputs, the split
-    count, the Triton baseline's per-row plan), so the call itself only
-    launches kernels: no allocation but the split scratch, no host sync.
+    count), so the call itself only launches kernels: no allocation but the
+    split scratch, no host sync.
     """
     st = _as_stage(stage)
     _check_splits(st, num_splits)
@@ -151,13 +186,12 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
         out, lse = w.new_outputs(poison=True)
     args = w.args()
     if st.kind == "triton":
-        from .triton_baseline import DEFAULT_SPLITS, plan_rows, triton_verify_attention
+        from .triton_baseline import DEFAULT_SPLITS, triton_verify_attention
 
-        plan = plan_rows(w.block_table, w.kv_lens, w.problem.q_len)
         ns = num_splits or DEFAULT_SPLITS  # 0 was rejected by _check_splits
 
         def call():
-            triton_verify_attention(*args, out, lse, num_splits=ns, plan=plan, check=False)
+            triton_verify_attention(*args, out, lse, num_splits=ns, check=False)
     else:
         load_ops()
         op = getattr(torch.ops.mla_lab, st.id)

@@ -16,6 +16,18 @@ The kernel itself has two stages:
    exist so that a batch with few rows still fills the GPU.
 2. grid (rows, heads): merges the splits of one head by their log-sum-exp.
 
+vLLM expands the streams into decode rows (a block-table row and a length per
+row) with tensor ops before the launch.  Here the kernels derive a row's
+stream, table row and causal length from ``kv_lens`` themselves: the same
+arithmetic, but nothing is prepared on the host, so an eager call is just the
+two launches, and a captured call follows lengths changed between replays.
+
+Like the CUDA stages, the kernels defend themselves when the inputs were not
+checked (``check=False``, a graph replay): a stream whose length is below its
+draft or beyond its block table, or whose table holds a page id outside the
+pool within its length, gets NaN in ``out`` and ``lse``, and nothing outside
+the table or the pool is read.
+
 Grouping heads matters for MLA: all heads read the same latent KV head, so a
 program that holds 16 heads reads each key once for 16 heads, and the score
 and P.V products become matrix products (``tl.dot``, tensor cores).
@@ -23,8 +35,8 @@ and P.V products become matrix products (``tl.dot``, tensor cores).
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -36,9 +48,9 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .problem import D_LATENT, D_ROPE, D_V  # noqa: E402
+from .problem import D_LATENT, D_QK, D_ROPE, D_V  # noqa: E402
 from .stages import TRITON_DEFAULT_SPLITS as DEFAULT_SPLITS  # noqa: E402
-from .validate import check_contents, check_metadata  # noqa: E402
+from .validate import InputError, check_contents, check_metadata  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -88,31 +100,10 @@ BLOCK_H = 16  # heads per program: tl.dot wants at least 16 rows
 MAX_SPLITS = 1024
 
 
-@dataclass
-class RowPlan:
-    """Verify rows as decode rows: one per (stream, draft token)."""
-
-    block_table: torch.Tensor  # [B*T, max_pages] int32: the row's stream's pages
-    lens: torch.Tensor  # [B*T] int32: the row's causal length
-
-
-def plan_rows(block_table: torch.Tensor, kv_lens: torch.Tensor, q_len: int) -> RowPlan:
-    """Expand streams into decode rows on the inputs' device, with no host sync.
-
-    Row ``b * q_len + t`` gets stream ``b``'s block table and the length
-    ``kv_lens[b] - q_len + t + 1``.  Only tensor ops, so it may run inside
-    CUDA-graph capture or be built once outside a timed loop.
-    """
-    table = block_table.repeat_interleave(q_len, dim=0)
-    t = torch.arange(q_len, device=kv_lens.device, dtype=torch.int32)
-    lens = (kv_lens.to(torch.int32)[:, None] - q_len + 1 + t[None, :]).reshape(-1)
-    return RowPlan(block_table=table, lens=lens)
-
-
 @triton.jit
 def _split_kv_stage1(
-    q_ptr, kv_ptr, table_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
-    scale, q_len, num_heads, page_size, num_splits,
+    q_ptr, kv_ptr, table_ptr, kv_lens_ptr, ws_out_ptr, ws_lse_ptr,
+    scale, q_len, num_heads, page_size, num_pages, capacity, num_splits,
     stride_qb, stride_qt, stride_qh,
     stride_kv_page, stride_kv_slot, stride_table,
     stride_wo_row, stride_wo_head, stride_wo_split,
@@ -137,8 +128,15 @@ def _split_kv_stage1(
     q_lat = tl.load(q_head + offs_d[None, :], mask=mask_h[:, None], other=0.0)
     q_pe = tl.load(q_head + offs_pe[None, :], mask=mask_h[:, None], other=0.0)
 
+    # Decode row (b, t) sees the stream's first kv_len - q_len + t + 1 keys.  A
+    # stream shorter than its draft or longer than its table reads no key at
+    # all (stage 2 writes its NaN).
+    kv_len = tl.load(kv_lens_ptr + b)
+    stream_ok = (kv_len >= q_len) & (kv_len <= capacity)
+    row_len = tl.where(stream_ok, kv_len - q_len + t + 1, 0)
+    table_row = table_ptr + b.to(tl.int64) * stride_table
+
     # This split's keys: [start, end) of the row's causal length.
-    row_len = tl.load(lens_ptr + row)
     split_len = tl.cdiv(row_len, num_splits)
     start = split * split_len
     end = tl.minimum(row_len, start + split_len)
@@ -151,7 +149,11 @@ def _split_kv_stage1(
         mask_n = pos < end
         # Gather through the block table.  Masked keys load no page id and no
         # cache value: slots past the length may hold anything (NaN, garbage).
-        page = tl.load(table_ptr + row64 * stride_table + pos // page_size, mask=mask_n, other=0)
+        page = tl.load(table_row + pos // page_size, mask=mask_n, other=0)
+        # A page id outside the pool is not followed: that key loads zeros and
+        # its score becomes NaN, which makes the row's answer NaN.
+        mask_kv = mask_n & (page >= 0) & (page < num_pages)
+        bad_page = mask_n & ((page < 0) | (page >= num_pages))
         slot = pos % page_size
         # Page ids near 1e6 times a 576-element stride overflow int32.
         kv_row = kv_ptr + page.to(tl.int64) * stride_kv_page + slot.to(tl.int64) * stride_kv_slot
@@ -159,13 +161,14 @@ def _split_kv_stage1(
         # as a separate [BLOCK_N, 512] tile for P.V: its interface takes K and V
         # as two tensors, so it loads them twice even though for MLA they are
         # the same bytes (the second read mostly hits L1/L2).
-        k_lat = tl.load(kv_row[None, :] + offs_d[:, None], mask=mask_n[None, :], other=0.0)
-        k_pe = tl.load(kv_row[None, :] + offs_pe[:, None], mask=mask_n[None, :], other=0.0)
+        k_lat = tl.load(kv_row[None, :] + offs_d[:, None], mask=mask_kv[None, :], other=0.0)
+        k_pe = tl.load(kv_row[None, :] + offs_pe[:, None], mask=mask_kv[None, :], other=0.0)
 
         # Scores [BLOCK_H, BLOCK_N]: two dots, 512 latent + 64 RoPE dimensions.
         s = tl.dot(q_lat, k_lat)
         s += tl.dot(q_pe, k_pe)
         s = tl.where(mask_n[None, :], s * scale, float("-inf"))
+        s = tl.where(bad_page[None, :], float("nan"), s)
 
         # Online softmax.  The first block of a split always holds a valid
         # key, so m_new is finite and exp(m_i - m_new) is never NaN.
@@ -173,7 +176,7 @@ def _split_kv_stage1(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_row[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        v = tl.load(kv_row[:, None] + offs_d[None, :], mask=mask_kv[:, None], other=0.0)
         # P goes to bf16 so the dot runs on tensor cores (as vLLM does).
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -191,8 +194,8 @@ def _split_kv_stage1(
 
 @triton.jit
 def _split_kv_stage2(
-    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-    q_len, num_splits,
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, kv_lens_ptr,
+    q_len, capacity, num_splits,
     stride_wo_row, stride_wo_head, stride_wo_split,
     stride_wl_row, stride_wl_head,
     stride_ob, stride_ot, stride_oh,
@@ -205,6 +208,13 @@ def _split_kv_stage2(
     offs_d = tl.arange(0, D_LAT)
     wo = ws_out_ptr + row64 * stride_wo_row + head * stride_wo_head + offs_d
     wl = ws_lse_ptr + row64 * stride_wl_row + head * stride_wl_head
+    b = row // q_len
+    t = row % q_len
+
+    # A stream stage 1 refused, or a split that met a page id outside the pool
+    # (its lse is NaN), makes the answer NaN.
+    kv_len = tl.load(kv_lens_ptr + b)
+    bad = (kv_len < q_len) | (kv_len > capacity)
 
     # out = sum_s exp(lse_s - lse) * out_s, with lse = log sum_s exp(lse_s):
     # the same online rescaling as stage 1, one split at a time.
@@ -213,6 +223,7 @@ def _split_kv_stage2(
     acc = tl.zeros([D_LAT], dtype=tl.float32)
     for s in range(0, num_splits):
         lse_s = tl.load(wl + s)
+        bad = bad | (lse_s != lse_s)
         if lse_s > float("-inf"):  # empty split: no keys, output not written for real
             o_s = tl.load(wo + s * stride_wo_split)
             m_new = tl.maximum(m, lse_s)
@@ -222,66 +233,105 @@ def _split_kv_stage2(
             l = l * alpha + beta
             m = m_new
 
-    b = (row // q_len).to(tl.int64)
-    t = (row % q_len).to(tl.int64)
-    o = out_ptr + b * stride_ob + t * stride_ot + head * stride_oh + offs_d
-    tl.store(o, (acc / l).to(out_ptr.dtype.element_ty))
-    tl.store(lse_ptr + b * stride_lb + t * stride_lt + head * stride_lh, m + tl.log(l))
+    # A valid row has at least one key, so l > 0; the guard only spares a
+    # refused one a division by zero.
+    safe_l = tl.where(l > 0.0, l, 1.0)
+    o_val = tl.where(bad, float("nan"), acc / safe_l)
+    lse_val = tl.where(bad, float("nan"), m + tl.log(safe_l))
+    o = out_ptr + b.to(tl.int64) * stride_ob + t.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(o, o_val.to(out_ptr.dtype.element_ty))
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + t.to(tl.int64) * stride_lt + head * stride_lh, lse_val)
+
+
+def _shapes_ok(q, kv_cache, block_table, kv_lens, scale, out, lse) -> bool:
+    """What the kernels' addressing relies on, and the scale, checked in a few microseconds.
+
+    With ``check=False`` nothing else is looked at: lengths and page ids are
+    the kernels' to defend (NaN), but a q of the wrong width or a ``kv_lens``
+    of the wrong size would make them address memory that is not there, and a
+    negative scale would give a finite wrong answer.
+    """
+    try:
+        B, T, H, D = q.shape
+        return (scale.__class__ in (float, int) and 0 < scale < math.inf and D == D_QK and q.dtype == torch.bfloat16 and q.stride(3) == 1 and B * T * H > 0
+                and kv_cache.dim() == 3 and kv_cache.shape[2] == D_QK and kv_cache.dtype == torch.bfloat16
+                and kv_cache.stride(2) == 1 and kv_cache.shape[0] * kv_cache.shape[1] > 0
+                and block_table.dim() == 2 and block_table.shape[0] == B and block_table.shape[1] > 0
+                and block_table.dtype == torch.int32 and block_table.stride(1) == 1
+                and kv_lens.shape == (B,) and kv_lens.dtype == torch.int32 and kv_lens.is_contiguous()
+                and (out is None or (out.shape == (B, T, H, D_V) and out.dtype == torch.bfloat16
+                                     and out.stride(3) == 1))
+                and (lse is None or (lse.shape == (B, T, H) and lse.dtype == torch.float32))
+                and q.device == kv_cache.device == block_table.device == kv_lens.device
+                and (out is None or out.device == q.device) and (lse is None or lse.device == q.device))
+    except (AttributeError, TypeError, ValueError):  # not tensors, or q not 4-D
+        return False
 
 
 def triton_verify_attention(q, kv_cache, block_table, kv_lens, scale, out=None, lse=None, *,
-                            num_splits: int = DEFAULT_SPLITS, block_n: int = 32, plan: RowPlan | None = None,
+                            num_splits: int = DEFAULT_SPLITS, block_n: int = 32,
                             check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify attention as vLLM runs it: one decode row per draft token, split-KV.
 
     ``num_splits`` (default 4, vLLM's long-standing default) slices every row's
-    keys; ``block_n`` keys are gathered per step.  ``plan`` (from
-    :func:`plan_rows`) may be built once ahead of time.  With ``check=False``
-    the call makes no host sync, so it can be captured in a CUDA graph.
+    keys; ``block_n`` keys are gathered per step.  With ``check=False`` the
+    call reads no GPU memory on the host and allocates only its workspace, so
+    it may be captured in a CUDA graph; shapes and dtypes are still checked
+    (cheaply), and lengths and page ids are defended by the kernels (NaN).
     """
-    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"triton: num_splits must be an int in 1 .. {MAX_SPLITS}, got {num_splits!r}")
-    if not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"triton: block_n must be a power of two >= 16 (tl.dot's minimum), got {block_n!r}")
-    if check:
+    if num_splits.__class__ is not int or not 1 <= num_splits <= MAX_SPLITS:
+        raise InputError(f"triton: num_splits must be an int in 1 .. {MAX_SPLITS}, got {num_splits!r}")
+    if block_n.__class__ is not int or block_n < 16 or block_n & (block_n - 1):
+        raise InputError(f"triton: block_n must be a power of two >= 16 (tl.dot's minimum), got {block_n!r}")
+    if check or not _shapes_ok(q, kv_cache, block_table, kv_lens, scale, out, lse):
+        # the full check, for its message (or, with check=True, for the contents too)
         check_metadata(q, kv_cache, block_table, kv_lens, scale, out, lse,
                        device_type=None, align_bytes=1, name="triton")
-        check_contents(q, kv_cache, block_table, kv_lens, name="triton")
+        if check:
+            check_contents(q, kv_cache, block_table, kv_lens, name="triton")
     B, T, H, _ = q.shape
     R = B * T
     if out is None:
         out = torch.empty(B, T, H, D_V, dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
-    if plan is None:
-        plan = plan_rows(block_table, kv_lens, T)
-    elif plan.block_table.shape[0] != R or plan.lens.shape != (R,):
-        raise ValueError(f"triton: plan has {plan.block_table.shape[0]} table rows and lens "
-                         f"{tuple(plan.lens.shape)}, expected {R} rows for q {tuple(q.shape)}")
-
     # fp32 partials: torch.empty is safe under CUDA-graph capture (graph pool).
     ws_out = torch.empty(R, H, num_splits, D_V, dtype=torch.float32, device=q.device)
     ws_lse = torch.empty(R, H, num_splits, dtype=torch.float32, device=q.device)
+    launch(q, kv_cache, block_table, kv_lens, scale, out, lse, ws_out, ws_lse, num_splits=num_splits, block_n=block_n)
+    return out, lse
 
-    grid1 = (R, triton.cdiv(H, BLOCK_H), num_splits)
-    _split_kv_stage1[grid1](
-        q, kv_cache, plan.block_table, plan.lens, ws_out, ws_lse,
-        float(scale), T, H, kv_cache.shape[1], num_splits,
+
+def launch(q, kv_cache, block_table, kv_lens, scale, out, lse, ws_out, ws_lse, *, num_splits: int,
+           block_n: int = 32) -> None:
+    """The two kernel launches and nothing else: every buffer given, nothing checked.
+
+    ``ws_out`` [streams * q_len, heads, num_splits, 512] and ``ws_lse``
+    [streams * q_len, heads, num_splits] are fp32 workspace.  Timing this
+    against :func:`triton_verify_attention` separates Triton's own launcher
+    from what the wrapper adds.
+    """
+    B, T, H, _ = q.shape
+    R = B * T
+    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    # Tokens the table can address; lengths are int32, so more is the same as 2**31 - 1.
+    capacity = min(block_table.shape[1] * page_size, 2**31 - 1)
+    _split_kv_stage1[(R, -(-H // BLOCK_H), num_splits)](
+        q, kv_cache, block_table, kv_lens, ws_out, ws_lse,
+        float(scale), T, H, page_size, num_pages, capacity, num_splits,
         q.stride(0), q.stride(1), q.stride(2),
-        kv_cache.stride(0), kv_cache.stride(1), plan.block_table.stride(0),
+        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
         ws_lse.stride(0), ws_lse.stride(1),
         D_LAT=D_LATENT, D_PE=D_ROPE, BLOCK_H=BLOCK_H, BLOCK_N=block_n,
         num_warps=4, num_stages=2,
     )
     _split_kv_stage2[(R, H)](
-        ws_out, ws_lse, out, lse,
-        T, num_splits,
+        ws_out, ws_lse, out, lse, kv_lens,
+        T, capacity, num_splits,
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
         ws_lse.stride(0), ws_lse.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         D_LAT=D_LATENT,
     )
-    return out, lse
-
