@@ -64,3 +64,26 @@ def test_readme_documents_load_ops():
     readme = (ROOT / "README.md").read_text()
     at = readme.index("torch.ops.mla_lab.tensor_core(")
     assert "mla_lab.load_ops()" in readme[:at], "the README must load the ops before its raw-op line"
+
+
+def test_no_committed_file_is_ignored():
+    """.gitignore names only what is never committed (results/ is committed, for one)."""
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-from=.gitignore"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert listed == []
+
+
+def test_license_is_an_spdx_expression():
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^license = "MIT"$', text, re.M)
+    # setuptools reads an SPDX string from 77 on (older ones want the deprecated table)
+    (least,) = re.findall(r'^requires = \["setuptools>=(\d+)', text, re.M)
+    assert int(least) >= 77
