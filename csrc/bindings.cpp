@@ -79,6 +79,10 @@ enum StageIndex : int {
 
 constexpr int kMaxSplits = 256;
 
+// Whether stages that can overlap a launch with the one before it (stage 10,
+// programmatic dependent launch) do so; off only to measure what it is worth.
+bool g_programmatic_launch = true;
+
 int find_stage(const std::string& id) {
   for (int i = 0; i < kNumStages; ++i)
     if (id == kStages[i].id) return i;
@@ -271,8 +275,20 @@ void run_stage(int stage, const at::Tensor& q, const at::Tensor& kv, const at::T
               p.max_pages, " pages x ", p.page_size, " tokens); ", st.input_hint);
   }
 
-  at::Tensor o_partial, lse_partial;  // scratch, from the caching allocator (graph-safe)
-  if (st.splits) {
+  // Scratch, from the caching allocator on the call's stream (graph-safe):
+  // the [B, T, H, splits] partials the shared combine kernel reads, or, for a
+  // stage with a combine of its own, whatever it asks for through p.scratch.
+  at::Tensor o_partial, lse_partial;
+  std::vector<at::Tensor> asked;
+  p.scratch_ctx = &asked;
+  p.scratch = [](void* ctx, int64_t bytes) -> void* {
+    auto& held = *static_cast<std::vector<at::Tensor>*>(ctx);
+    held.push_back(at::empty({std::max<int64_t>(bytes, 1)}, at::TensorOptions().dtype(at::kByte).device(
+                                                                at::kCUDA, c10::cuda::current_device())));
+    return held.back().data_ptr();
+  };
+  p.pdl = g_programmatic_launch ? 1 : 0;
+  if (st.splits && std::string(handles[n - 1].name) == "combine_splits_kernel") {
     o_partial = at::empty({p.batch, p.q_len, p.num_heads, p.num_splits, kDimV}, q.options().dtype(at::kFloat));
     lse_partial = at::empty({p.batch, p.q_len, p.num_heads, p.num_splits}, q.options().dtype(at::kFloat));
     p.o_partial = o_partial.data_ptr<float>();
@@ -477,6 +493,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Stage 6's grid and 16-byte loads with no arithmetic: a floor for a block per (row, head).",
         py::arg("q"), py::arg("kv_cache"), py::arg("block_table"), py::arg("kv_lens"), py::arg("num_splits"),
         py::arg("sink"));
+  m.def("set_programmatic_launch", [](bool on) { mla::g_programmatic_launch = on; },
+        "Let stage 10 overlap each kernel's launch with the previous one (default on; off to measure it).",
+        py::arg("on"));
   m.def("device_limits", &mla::device_limits, "cudaGetDeviceProperties, the fields occupancy needs.",
         py::arg("device") = 0);
 }

@@ -91,6 +91,13 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(lane < kThreads / 32 ? partial[lane] : 0.f);
 }
 
+// Two floats rounded to bf16 and packed in one register, the low one first:
+// the operand a bf16 tensor-core instruction takes.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // Eight bf16 (one 16-byte chunk, as a uint4) to fp32, and their dot product
 // with eight floats: the unit of work of the 16-byte stages (6 onwards).
 __device__ __forceinline__ void bf16x8_to_float(uint4 raw, float* dst) {

@@ -51,6 +51,15 @@ struct MlaParams {
   int num_splits;
   float* o_partial;
   float* lse_partial;
+
+  // Scratch a stage asks for itself (stage 10: its plan and partials, whose
+  // sizes only it knows).  The binding hands out memory from torch's caching
+  // allocator on the call's stream, so a CUDA graph can capture the call; it
+  // stays valid until the op returns, after every launch is queued.
+  void* (*scratch)(void* ctx, int64_t bytes);
+  void* scratch_ctx;
+  int* plan;  // stage 10: the scheduler's plan (see stage10_hopper.cu)
+  int pdl;    // stage 10: 1 to overlap each launch with the previous one (programmatic dependent launch)
 };
 
 // What a launcher would launch, so Python can check its own arithmetic.

@@ -80,6 +80,17 @@ def target_archs() -> tuple[str, ...]:
     return DEFAULT_ARCHS
 
 
+def arch_target(arch: str) -> str:
+    """The target a "9.0"-style arch is compiled for.
+
+    Compute capability 9.0 (H100, H200) is built as ``sm_90a``: stage 10's
+    ``wgmma``, ``setmaxnreg`` and ``griddepcontrol`` exist only in that
+    architecture-specific target, and code built for it runs on every 9.0 GPU.
+    Every other arch is built as itself.
+    """
+    return "9.0a" if arch == "9.0" else arch
+
+
 def sources() -> list[Path]:
     return sorted(CSRC.glob("*.cu")) + [CSRC / "bindings.cpp"]
 
@@ -117,7 +128,7 @@ def load(verbose: bool | None = None):
     # torch computed its CUDA_HOME when cpp_extension was first imported.
     cpp.CUDA_HOME = str(home)
     archs = target_archs()
-    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(arch_target(a) for a in archs)
     out = build_dir(archs)
     out.mkdir(parents=True, exist_ok=True)
     if verbose is None:

@@ -345,7 +345,157 @@ def model_tensor_core(w: Workload, num_splits: int | None = None, round_p: bool 
     return out, lse, tr
 
 
+# ---- stage 10 ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HopperPlan:
+    """What stage 10's scheduler kernel writes: the units, their tiles, each block's share.
+
+    A unit is (stream, group of up to 80 pairs); its tiles are its stream's
+    64-key tiles.  All tiles are numbered unit by unit; block ``c`` of the
+    ``blocks`` that get a share takes tiles ``[start(c), start(c + 1))`` with
+    ``start(c) = c * W // blocks``, so shares differ by at most one tile.
+    """
+
+    groups: int  # pair groups per stream
+    per_group: int  # pairs per group (the last may have fewer)
+    offsets: tuple[int, ...]  # first tile of each unit, then W
+    blocks: int  # blocks that get a share (0 when there is no tile at all)
+
+    @property
+    def total_tiles(self) -> int:
+        return self.offsets[-1]
+
+    def start(self, c: int) -> int:
+        return c * self.total_tiles // self.blocks
+
+    def block_of_tile(self, x: int) -> int:
+        return ((x + 1) * self.blocks + self.total_tiles - 1) // self.total_tiles - 1
+
+    def share(self, c: int) -> list[tuple[int, int, int]]:
+        """Block c's pieces: (unit, first tile, end tile) in unit-local tile numbers."""
+        x, end, out = self.start(c), self.start(c + 1), []
+        u = 0
+        while x < end:
+            while self.offsets[u + 1] <= x:
+                u += 1
+            t0, t1 = x - self.offsets[u], min(end, self.offsets[u + 1]) - self.offsets[u]
+            out.append((u, t0, t1))
+            x = self.offsets[u] + t1
+        return out
+
+    def cut_units(self) -> list[tuple[int, int, int]]:
+        """(unit, first block, last block) of every unit whose tiles span two shares or more."""
+        out = []
+        for u in range(len(self.offsets) - 1):
+            a, b = self.offsets[u], self.offsets[u + 1]
+            if a == b or not self.blocks:
+                continue
+            c0, c1 = self.block_of_tile(a), self.block_of_tile(b - 1)
+            if c0 != c1:
+                out.append((u, c0, c1))
+        return out
+
+
+def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None) -> HopperPlan:
+    """Stage 10's scheduler on the CPU (the same integer arithmetic as hopper_plan_kernel).
+
+    ``capacity`` is the block table's tokens per stream; a stream whose length
+    is below ``q_len`` or above it gets no tiles (the kernel writes it NaN).
+    """
+    st = _stages.get("hopper")
+    pairs = q_len * heads
+    groups = -(-pairs // _stages.HOPPER_PAIRS_PER_BLOCK)
+    per_group = -(-pairs // groups)
+    offsets, run = [], 0
+    for L in (int(x) for x in kv_lens):
+        ok = L >= q_len and (capacity is None or L <= capacity)
+        for _ in range(groups):
+            offsets.append(run)
+            run += -(-L // st.keys_per_tile) if ok else 0
+    offsets.append(run)
+    blocks = 0 if run == 0 else min(max_blocks, -(-run // _stages.HOPPER_MIN_TILES_PER_BLOCK))
+    return HopperPlan(groups, per_group, tuple(offsets), blocks)
+
+
+def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):
+    """Stage 10: the plan, each block's share piece by piece, the combine of the cut units.
+
+    As on the tensor cores of stage 9, P is rounded to bf16 before it
+    multiplies V and the softmax runs in base 2; ``round_p=False`` keeps P in
+    fp32.  ``num_splits`` is the persistent grid (blocks); default 132.
+    """
+    B, T, H, _ = w.q.shape
+    st = _stages.get("hopper")
+    C = num_splits or 132
+    capacity = w.block_table.shape[1] * w.kv_cache.shape[1]
+    plan = hopper_plan(w.kv_lens.tolist(), T, H, C, capacity)
+    out = torch.full((B, T, H, D_V), float("nan"))
+    lse = torch.full((B, T, H), float("nan"))
+    tr = Traffic()
+    log2e = 1.0 / math.log(2.0)
+    K = st.keys_per_tile
+    partial = {}  # (unit, block) -> {pair: (o, lse)}
+
+    def unit_pairs(u):
+        grp = u % plan.groups
+        first = grp * plan.per_group
+        return list(range(first, min(T * H, first + plan.per_group)))
+
+    for c in range(plan.blocks):
+        for u, t0, t1 in plan.share(c):
+            b = u // plan.groups
+            L = int(w.kv_lens[b])
+            prs = unit_pairs(u)
+            q = torch.stack([w.q[b, pr // H, pr % H] for pr in prs]).float()
+            tr.add("q", BF16 * D_QK * len(prs))
+            vis = torch.tensor([L - T + pr // H + 1 for pr in prs])
+            m = torch.full((len(prs),), -math.inf)
+            l = torch.zeros(len(prs))
+            acc = torch.zeros(len(prs), D_V)
+            for tile in range(t0, t1):
+                keys = torch.arange(tile * K, min((tile + 1) * K, L))
+                kv = _kv_rows(w, b, keys, tr)
+                s_ = (q @ kv.T) * (w.scale * log2e)
+                s_ = s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf)
+                m_new = torch.maximum(m, s_.max(-1).values)
+                m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                alpha = torch.exp2(m - m_use)
+                p_ = torch.exp2(s_ - m_use[:, None])
+                l = l * alpha + p_.sum(-1)
+                p_v = p_.bfloat16().float() if round_p else p_
+                acc = acc * alpha[:, None] + p_v @ kv[:, :D_V]
+                m = m_new
+            whole = t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u]
+            for i, pr in enumerate(prs):
+                ln = (m[i] + torch.log2(l[i])) * math.log(2.0)
+                if whole:
+                    out[b, pr // H, pr % H] = acc[i] / l[i]
+                    lse[b, pr // H, pr % H] = ln
+                    tr.add("out", BF16 * D_V)
+                    tr.add("lse", FP32)
+                else:
+                    partial.setdefault(u, {})[(c, pr)] = (acc[i] / l[i], ln) if l[i] > 0 else None
+                    tr.add("partial out", FP32 * D_V)
+                    tr.add("partial lse", FP32)
+    for u, c0, c1 in plan.cut_units():
+        b = u // plan.groups
+        for pr in unit_pairs(u):
+            parts = [partial[u][(c, pr)] for c in range(c0, c1 + 1)]
+            tr.add("combine reads lse", FP32 * len(parts))
+            live = [pt for pt in parts if pt is not None]
+            tr.add("combine reads partial out", FP32 * D_V * len(live))
+            mx = max(float(ls) for _, ls in live)
+            wts = torch.tensor([math.exp(float(ls) - mx) for _, ls in live])
+            out[b, pr // H, pr % H] = sum(wt * o for wt, (o, _) in zip(wts, live)) / wts.sum()
+            lse[b, pr // H, pr % H] = mx + math.log(float(wts.sum()))
+            tr.add("out", BF16 * D_V)
+            tr.add("lse", FP32)
+    return out, lse, tr
+
+
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,
+          "hopper": model_hopper,
           **{s: model_tiled(s) for s in ("flash_ht8", "kv_split", "per_head", "warp_per_key", "float4")}}
 
 
@@ -371,6 +521,33 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
             tr.add("lse", FP32 * T * H)
         return tr
     S = num_splits if st.splits else 1
+    if st.persistent:
+        plan = hopper_plan(p.kv_lens, T, H, num_splits or 132)
+        K = st.keys_per_tile
+        n_pairs = [len(range(g * plan.per_group, min(T * H, (g + 1) * plan.per_group))) for g in range(plan.groups)]
+        for c in range(plan.blocks):
+            for u, t0, t1 in plan.share(c):
+                L, n = p.kv_lens[u // plan.groups], n_pairs[u % plan.groups]
+                keys = min(t1 * K, L) - t0 * K
+                tr.add("q", BF16 * D_QK * n)
+                tr.add("block table", INT32 * keys)
+                tr.add("kv", BF16 * D_QK * keys)
+                if t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u]:
+                    tr.add("out", BF16 * D_V * n)
+                    tr.add("lse", FP32 * n)
+                else:
+                    tr.add("partial out", FP32 * D_V * n)
+                    tr.add("partial lse", FP32 * n)
+        for u, c0, c1 in plan.cut_units():
+            g, L = u % plan.groups, p.kv_lens[u // plan.groups]
+            firsts = [max(plan.start(c), plan.offsets[u]) - plan.offsets[u] for c in range(c0, c1 + 1)]
+            for pr in range(g * plan.per_group, g * plan.per_group + n_pairs[g]):
+                visible = L - T + pr // H + 1  # a piece starting past the pair's last key left it nothing
+                tr.add("combine reads lse", FP32 * len(firsts))
+                tr.add("combine reads partial out", FP32 * D_V * sum(1 for t0 in firsts if t0 * K < visible))
+                tr.add("out", BF16 * D_V)
+                tr.add("lse", FP32)
+        return tr
     if stage_id == "tensor_core":
         for L in p.kv_lens:
             for tile, n, split, begin, end in _pair_tiles(st, L, T, H, S):

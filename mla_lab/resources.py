@@ -23,7 +23,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .extension import CSRC, ROOT, find_cuda_home, nvcc_flags, source_digest
+from .extension import CSRC, ROOT, arch_target, find_cuda_home, nvcc_flags, source_digest
 
 # Defines torch's extension build passes to nvcc; kept so register counts match.
 TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -98,9 +98,10 @@ def kernel_sources():
 
 def _compile(src, arch: str, nvcc: str) -> tuple[str, str]:
     sm = arch.replace(".", "")
+    target = arch_target(arch).replace(".", "")  # 9.0 is built as sm_90a, as the extension is
     out = ROOT / "build" / "ptxas" / f"{src.stem}.sm{sm}.cubin"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}", *nvcc_flags(), *TORCH_NVCC_DEFINES,
+    cmd = [nvcc, "-cubin", f"-gencode=arch=compute_{target},code=sm_{target}", *nvcc_flags(), *TORCH_NVCC_DEFINES,
            "-Xptxas", "-v", "-I", str(CSRC), "-o", str(out), str(src)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -62,6 +62,7 @@ class Stage:
     pair_tile: int = 0  # (query row, head) pairs of a stream per block, flattened (tensor cores); 0: unused
     min_cc: int = 0  # lowest compute capability (major * 10 + minor) its kernels run on; 0: any
     max_cc: int = 0  # highest; 0: no limit (equal to min_cc: that architecture only)
+    persistent: bool = False  # one block per SM sharing all the key tiles; num_splits is that grid
 
     @property
     def is_cuda(self) -> bool:
@@ -80,10 +81,14 @@ class Stage:
     def kernels(self) -> tuple[str, ...]:
         if not self.is_cuda:
             return ()
+        if self.persistent:
+            return HOPPER_KERNELS
         return (self.kernel, COMBINE_KERNEL) if self.splits else (self.kernel,)
 
     def smem_bytes(self, max_pages: int, page_size: int) -> int:
         """Dynamic shared memory of the main kernel's launch."""
+        if self.persistent:
+            return HOPPER_SMEM_BYTES
         if self.id == "naive":
             # the query in fp32 and one fp32 score per key the block table can address
             return (D_QK + max_pages * page_size) * 4
@@ -121,6 +126,11 @@ class Stage:
         if not self.is_cuda:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
+        if self.persistent:  # scheduler, persistent main kernel, combine of the cut units
+            plan, main, combine = HOPPER_KERNELS
+            return [Launch(plan, (1, 1, 1), (HOPPER_PLAN_THREADS, 1, 1), 0),
+                    Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
+                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK, splits, 1), (COMBINE_THREADS, 1, 1), 0)]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -129,6 +139,24 @@ class Stage:
 
 COMBINE_KERNEL = "combine_splits_kernel"
 COMBINE_THREADS = 128
+
+# Stage 10 (csrc/stage10_hopper.cu), whose block is not built from the fields
+# above: a loader warpgroup and two compute warpgroups of 40 (row, head) pairs
+# each; a ring of 15 chunks of a 64-key tile (64 keys x 64 dims, 8 KB each);
+# each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
+# softmax exchange words; 30 mbarriers; 1 KB to align the base to 1024 bytes.
+HOPPER_KERNELS = ("hopper_plan_kernel", "hopper_kernel", "hopper_combine_kernel")
+HOPPER_PAIRS_PER_GROUP = 40
+HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
+HOPPER_KEYS_PER_TILE = 64
+HOPPER_RING_CHUNKS = 15
+HOPPER_PLAN_THREADS = 256
+HOPPER_MIN_TILES_PER_BLOCK = 2
+HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring
+                     + 2 * (D_QK // 64) * HOPPER_PAIRS_PER_GROUP * 128          # Q^T, per warpgroup
+                     + 2 * HOPPER_PAIRS_PER_GROUP * 128                         # P^T, per warpgroup
+                     + 4 * HOPPER_PAIRS_PER_GROUP * (2 * 2 * 4 + 2 + 2 * 2 + 2 * 4)  # maxima, lengths, max, sums
+                     + 2 * HOPPER_RING_CHUNKS * 8 + 1024)                      # mbarriers, alignment
 
 STAGES: tuple[Stage, ...] = (
     Stage("triton", 0, "Production baseline: vLLM's split-KV MLA decode kernel (Triton)",
@@ -166,6 +194,12 @@ STAGES: tuple[Stage, ...] = (
           "16 (row, head) pairs per block as one mma.sync m16 tile, bf16 in, fp32 out; cp.async double buffering",
           "cuda", "stage09_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
           kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16, min_cc=80),
+    Stage("hopper", 10, "Hopper: wgmma, a warp-specialised pipeline, balanced work", "10_hopper.ipynb",
+          "keys as the wgmma M side and up to 80 (row, head) pairs as N; a loader warpgroup feeds two compute "
+          "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler",
+          "cuda", "stage10_hopper.cu", "hopper_kernel", threads=384, keys_per_tile=HOPPER_KEYS_PER_TILE,
+          splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
+          persistent=True),
 )
 
 _BY_ID = {s.id: s for s in STAGES}
@@ -217,6 +251,8 @@ def choose_num_splits(stage: Stage, streams: int, q_len: int, heads: int, max_kv
     """
     if not stage.splits:
         return 1
+    if stage.persistent:  # one block per resident slot; the scheduler shares the tiles among them
+        return max(1, min(sms * blocks_per_sm, MAX_SPLITS))
     base = streams * stage.blocks_per_split(q_len, heads)
     by_slots = max(1, (sms * blocks_per_sm) // base)
     by_length = max(1, -(-max_kv_len // stage.keys_per_tile))

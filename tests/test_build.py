@@ -40,7 +40,7 @@ def test_extension_is_built_for_the_target_archs(ext):
     assert Path(ext.__file__).parent == here
     ninja = (here / "build.ninja").read_text()
     for arch in target_archs():
-        sm = arch.replace(".", "")
+        sm = ext_mod.arch_target(arch).replace(".", "")  # 9.0 is built as sm_90a (stage 10's wgmma)
         assert f"-gencode=arch=compute_{sm},code=sm_{sm}" in ninja, arch
     if not torch.cuda.is_available():
         assert target_archs() == ("9.0", "12.0")
@@ -128,9 +128,11 @@ def test_report_lists_every_kernel(reports, arch):
     for r in table:
         assert r.arch == arch and r.registers > 0
         assert r.registers <= 255
-    # Every CUDA stage's main kernel synchronises its block (__syncthreads).
+    # Every CUDA stage's main kernel synchronises its block (__syncthreads), except
+    # where it cannot run: stage 10 compiles to a trap on every target but sm_90a.
     for st in CUDA:
-        assert by_kernel[st.kernel].barriers >= 1
+        if st.runs_on(*map(int, arch.split("."))):
+            assert by_kernel[st.kernel].barriers >= 1, (arch, st.id)
     # The naive kernel's only static shared memory: block_max<128> and block_sum<128> each keep
     # one float per warp, 2 x (128 / 32) x 4 B = 32 B; the tiled kernels use dynamic memory only.
     assert by_kernel["naive_kernel"].static_smem_bytes == 32
@@ -140,7 +142,9 @@ def test_report_lists_every_kernel(reports, arch):
 
 # float4_kernel's __launch_bounds__(256, 8) caps it at 65536 / (8 x 256) = 32 registers on sm_90,
 # and ptxas spills a few bytes there (csrc/stage06_float4.cu and chapter 6 say so).
-KNOWN_SPILLS = {("9.0", "float4_kernel"): "documented spill under __launch_bounds__(256, 8) on sm_90"}
+KNOWN_SPILLS = {("9.0", "float4_kernel"): "documented spill under __launch_bounds__(256, 8) on sm_90",
+                ("9.0", "hopper_kernel"): "a compute thread has 232 registers and O^T takes 160 of them: a few loop "
+                                          "bounds are reloaded from the stack once per key tile"}
 MAIN = [pytest.param(a, st.kernel, id=f"{a}-{st.kernel}",
                      marks=[pytest.mark.xfail(reason=KNOWN_SPILLS[(a, st.kernel)], strict=False)]
                      if (a, st.kernel) in KNOWN_SPILLS else [])
@@ -227,7 +231,7 @@ def test_cpp_launch_geometry_equals_python(ext, shape):
     for st in CUDA:
         cpp = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
-        assert len(cpp) == len(py) == (2 if st.splits else 1), st.id
+        assert len(cpp) == len(py) == (3 if st.persistent else 2 if st.splits else 1), st.id
         for c, p in zip(cpp, py):
             assert (c["kernel"], tuple(c["grid"]), tuple(c["block"]), c["dynamic_smem_bytes"]) == (
                 p.kernel, p.grid, p.block, p.dynamic_smem_bytes), (st.id, shape)

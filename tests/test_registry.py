@@ -22,13 +22,15 @@ def test_order_numbers_and_ids():
     ids = [s.id for s in STAGES]
     assert len(set(ids)) == len(ids)
     assert ids == ["triton", "naive", "flash_ht8", "kv_split", "per_head", "warp_per_key", "float4", "shared_rows",
-                   "tensor_core"]
+                   "tensor_core", "hopper"]
     assert [s.id for s in CUDA] == ids[1:]
     # chapters are numbered like their stage
     for s in STAGES:
         assert s.chapter.startswith(f"{s.number:02d}_") and s.chapter.endswith(".ipynb")
     # every stage after kv_split keeps the split-KV design
-    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True, True]
+    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True, True, True]
+    # stage 10 alone runs a persistent grid (num_splits is its size) with a scheduler of its own
+    assert [s.id for s in CUDA if s.persistent] == ["hopper"]
 
 
 def test_get_and_names():

@@ -1,0 +1,155 @@
+// The Hopper (sm_90a) instructions stage 10 uses, one small wrapper each.
+//
+// Plain inline PTX with no library behind it, so a reader can hold every
+// instruction against the PTX ISA.  Only stage10_hopper.cu includes this file,
+// and only its sm_90a pass compiles the bodies (the guard below): the same
+// extension still builds for sm_120 and for machines with no GPU at all.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_SM90A 1
+#else
+#define MLA_SM90A 0
+#endif
+
+namespace mla {
+namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if MLA_SM90A
+
+// ---- mbarrier: a 64-bit word in shared memory that counts arrivals per phase ----
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Wait until the phase of parity `parity` has completed.  The retry loop is
+// written in PTX, inside one asm statement: a C++ loop here would be a
+// divergent branch between wgmma instructions, and ptxas then serialises them.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- ordering -----------------------------------------------------------------
+
+// Shared memory written through the generic proxy (st.shared, cp.async,
+// stmatrix) becomes visible to the tensor cores' async proxy only after this.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A barrier over `threads` threads (a multiple of 32) with its own id, so
+// one warpgroup can synchronise without stopping the others.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Programmatic dependent launch: let the next kernel on the stream start its
+// launch now; wait here until the previous kernel has finished and its writes
+// are visible.  Both are no-ops when the launch did not ask for it.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Hand registers from one warpgroup to another (the counts are per thread).
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---- cp.async: 16 bytes global -> shared, completion tracked in groups ----------
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u128(uint32_t dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Two 8x8 bf16 matrices held as mma fragments (lane l: row l/4, columns
+// 2(l%4), +1), stored transposed: lane j (0..15) names where row j%8 of
+// matrix j/8 goes, and stored row j is fragment column j.
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+
+// ---- wgmma: a warpgroup's matrix product, operands described in shared memory ----
+
+// A shared-memory matrix descriptor for the 128-byte swizzled layout: 8 rows of
+// 128 bytes form a 1024-byte atom whose 16-byte chunks are XOR-ed with the row
+// (chunk ^= row % 8).  `stride_bytes` steps from one 8-row group to the next
+// (the "stride byte offset"); the "leading byte offset" only matters for the
+// MN-major case with more than one 64-element atom, which this kernel never has.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t stride_bytes) {
+  uint64_t d = 0;
+  d |= (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)1 << 16;                           // leading byte offset: unused here
+  d |= (uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32;
+  d |= (uint64_t)1 << 62;                           // layout: 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The compiler does not know that a wgmma writes its accumulators later, when
+// it completes.  After wgmma_wait, pass every accumulator through this empty
+// statement so no read of it can be scheduled above the wait.
+template <int kN>
+__device__ __forceinline__ void fence_accumulators(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D[64 x 40] (+)= A[64 x 16] B[16 x 40], bf16 in, fp32 accumulate, both from
+// shared memory.  kTransA = 1 reads A stored MN-major (the 64 rows contiguous);
+// B is always K-major here.  Lane l of warp w holds D rows 16w + l/4 (+8) at
+// columns 8i + 2(l%4) (+1): d[4i], d[4i+1] on the first row, d[4i+2], d[4i+3]
+// on the second.
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64n40k16(float (&d)[20], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %22, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, "
+      "%20, %21, p, 1, 1, %23, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
+}
+
+#endif  // MLA_SM90A
+
+}  // namespace sm90
+}  // namespace mla

@@ -1,0 +1,626 @@
+// Stage 10: a Hopper kernel (sm_90a): wgmma, a warp-specialised pipeline, and
+// a scheduler that gives every SM the same number of key tiles.
+//
+// Stage 9 showed the shape of the work: for one stream, the scores of all
+// (draft row, head) pairs are one matrix product and the output another.  Its
+// mma.sync tiles were 16 pairs, so at 64 heads every key was read by 36
+// blocks, and Q was re-read from shared memory by every warp.  Here:
+//
+// * The products are turned around.  A key tile is the M side of wgmma
+//   (M = 64 keys) and the pairs are the N side, which can be any multiple of 8
+//   up to 256:  S^T[keys, pairs] = K Q^T  and  O^T[dims, pairs] += V^T P^T.
+//   A draft of 9 rows at 8 heads is 72 pairs: one block, no padding to 128.
+// * A block has three warpgroups.  Warpgroup 0 only loads: it gathers each
+//   tile's keys through the block table with cp.async into a ring of 64-dim
+//   chunks (8 KB each), and signals each chunk on an mbarrier.  Warpgroups 1
+//   and 2 only compute, each for its own 40 pairs: the two share every key
+//   chunk in shared memory and never wait for each other.
+// * A block is persistent: one per SM.  A scheduler kernel reads kv_lens on
+//   the GPU (so a CUDA graph replays it with new lengths), cuts the key tiles
+//   of all streams into one equal share per block, and writes the plan.  A
+//   share may span several (stream, pair group) units and part of one.  A unit
+//   that one block finishes is written straight to `out`; a unit cut between
+//   blocks leaves partials that a combine kernel merges.
+#include "mla_device.cuh"
+#include "sm90_ptx.cuh"
+
+namespace mla {
+namespace {
+
+using namespace sm90;
+
+constexpr int kKeysPerTile = 64;                 // the M of wgmma: one key tile
+constexpr int kChunkDims = 64;                   // dims per 128-byte swizzle row
+constexpr int kChunks = kDimQK / kChunkDims;     // 9 chunks per key (8 of V, 1 of RoPE)
+constexpr int kVChunks = kDimV / kChunkDims;     // 8
+constexpr int kChunkBytes = kKeysPerTile * 128;  // one chunk of a key tile: 8 KB
+constexpr int kPairsPerGroup = 40;               // N of every wgmma: one warpgroup's pairs
+constexpr int kPairsPerBlock = 2 * kPairsPerGroup;
+constexpr int kRing = 15;                        // chunk slots: a tile in use and 6 chunks ahead
+constexpr int kLag = 4;                          // chunks a loader thread keeps in flight
+constexpr int kMinTilesPerBlock = 2;             // a share smaller than this costs more to merge than it saves
+constexpr int kThreads = 384;                    // loader warpgroup + two compute warpgroups
+constexpr int kLoaderRegs = 40, kComputeRegs = 232;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
+constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
+constexpr int kPBytes = kPairsPerGroup * 128;            // one warpgroup's P^T: 5120
+constexpr int kOffRing = 0;
+constexpr int kOffQ = kOffRing + kRing * kChunkBytes;
+constexpr int kOffP = kOffQ + 2 * kQBytes;
+constexpr int kOffMax = kOffP + 2 * kPBytes;              // column maxima exchanged between warps
+constexpr int kOffVis = kOffMax + 2 * 2 * 4 * kPairsPerGroup * 4;
+constexpr int kOffM = kOffVis + 2 * kPairsPerGroup * 4;   // running column maxima, two copies per warpgroup
+constexpr int kOffL = kOffM + 2 * 2 * kPairsPerGroup * 4; // running column sums, one per warp
+constexpr int kOffBars = kOffL + 2 * 4 * kPairsPerGroup * 4;
+constexpr int kSmemBytes = kOffBars + 2 * kRing * 8 + 1024;  // + slack to align the base
+
+// The plan the scheduler writes (int32 words of p.plan):
+//   [0] W, the key tiles of all units; [1] blocks that get a share;
+//   [2] units cut between blocks; [3 .. 3 + units] each unit's first tile in
+//   the order of all tiles (exclusive prefix sum; the last word is W);
+//   then 3 words per cut unit: (unit, first block, last block).
+constexpr int kPlanHeader = 3;
+
+struct Shape {
+  int pairs;   // q_len * heads: (row, head) pairs of a stream, head fastest
+  int groups;  // pair groups of up to kPairsPerBlock per stream
+  int per_group;
+  int units;   // streams * groups
+};
+
+__host__ __device__ inline Shape shape_of(const MlaParams& p) {
+  Shape s;
+  s.pairs = p.q_len * p.num_heads;
+  s.groups = (s.pairs + kPairsPerBlock - 1) / kPairsPerBlock;
+  s.per_group = (s.pairs + s.groups - 1) / s.groups;  // balanced groups, each <= 80 pairs
+  s.units = p.batch * s.groups;
+  return s;
+}
+
+// The tiles of all units are numbered in order (unit-major); block c of the
+// C that get a share takes tiles [start(c), start(c + 1)).
+__device__ __forceinline__ int share_start(int c, int W, int C) { return (int)((int64_t)c * W / C); }
+// The block whose share holds tile x.
+__device__ __forceinline__ int block_of_tile(int x, int W, int C) {
+  return (int)(((int64_t)(x + 1) * C + W - 1) / W) - 1;
+}
+
+// ---- the scheduler ---------------------------------------------------------------
+
+constexpr int kPlanThreads = 256;
+
+__global__ void __launch_bounds__(kPlanThreads) hopper_plan_kernel(const MlaParams p) {
+#if MLA_SM90A
+  launch_dependents();  // the main kernel may start launching; it waits for this grid to finish
+  __shared__ int sums[kPlanThreads];
+  __shared__ int total;
+  const Shape sh = shape_of(p);
+  const int tid = threadIdx.x;
+  int* off = p.plan + kPlanHeader;
+  auto tiles_of = [&](int u) {
+    const int len = p.kv_lens[u / sh.groups];
+    return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
+  };
+  // Exclusive prefix sum of the tiles of each unit: thread t takes a run of units.
+  const int per_thread = (sh.units + kPlanThreads - 1) / kPlanThreads;
+  const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
+  int mine = 0;
+  for (int u = u0; u < u1; ++u) mine += tiles_of(u);
+  sums[tid] = mine;
+  __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+    for (int i = 0; i < kPlanThreads; ++i) {
+      const int v = sums[i];
+      sums[i] = run;
+      run += v;
+    }
+    total = run;
+  }
+  __syncthreads();
+  int run = sums[tid];
+  for (int u = u0; u < u1; ++u) {
+    off[u] = run;
+    run += tiles_of(u);
+  }
+  const int W = total;
+  const int C = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
+  if (tid == 0) {
+    off[sh.units] = W;
+    p.plan[0] = W;
+    p.plan[1] = C;
+  }
+  __syncthreads();  // off[] complete
+
+  // The cut units, for the combine kernel (a unit is cut when its first and
+  // last tiles lie in different shares).  One thread: there are at most C.
+  if (tid == 0) {
+    int n_cut = 0;
+    int* cut = off + sh.units + 1;
+    for (int u = 0; u < sh.units && C > 0; ++u) {
+      const int a = off[u], b = off[u + 1];
+      if (a == b) continue;
+      const int c0 = block_of_tile(a, W, C), c1 = block_of_tile(b - 1, W, C);
+      if (c0 != c1) {
+        cut[3 * n_cut] = u;
+        cut[3 * n_cut + 1] = c0;
+        cut[3 * n_cut + 2] = c1;
+        ++n_cut;
+      }
+    }
+    p.plan[2] = n_cut;
+  }
+  // A stream that cannot be computed gets NaN here: no block is given its tiles.
+  for (int b = 0; b < p.batch; ++b) {
+    if (stream_ok(p, p.kv_lens[b])) continue;
+    for (int i = tid; i < p.q_len * p.num_heads; i += kPlanThreads) {
+      const int t = i / p.num_heads, h = i % p.num_heads;
+      for (int d = 0; d < kDimV; ++d) out_head(p, b, t, h)[d] = __float2bfloat16(CUDART_NAN_F);
+      *lse_at(p, b, t, h) = CUDART_NAN_F;
+    }
+  }
+#else
+  __trap();  // sm_90a only; the op refuses other GPUs before launching
+#endif
+}
+
+// ---- the main kernel -------------------------------------------------------------
+
+// Where a block's share is, one (unit, tile range) piece at a time.
+struct Cursor {
+  int x, end;    // next tile, end of the share (in the order of all tiles)
+  int unit;      // unit of tile x
+  __device__ bool next(const int* off, int& u, int& t0, int& t1) {
+    if (x >= end) return false;
+    while (off[unit + 1] <= x) ++unit;
+    u = unit;
+    t0 = x - off[unit];
+    t1 = min(end, off[unit + 1]) - off[unit];
+    x = off[unit] + t1;
+    return true;
+  }
+};
+
+__device__ __forceinline__ int first_unit_of(const int* off, int units, int x) {
+  int lo = 0, hi = units - 1;  // the last unit u with off[u] <= x
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (off[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+#if MLA_SM90A
+// Warpgroup 0: gather the key tiles of the share, chunk by chunk, into the ring.
+__device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
+                          uint64_t* full, uint64_t* empty) {
+  const int tid = threadIdx.x;          // 0..127
+  const int my_key = tid / 2;           // two threads per key, 16 bytes each, side by side
+  const int half = tid & 1;
+  const uint32_t ring = smem_addr(smem + kOffRing);
+  int seq = 0;  // chunks issued so far
+  int u, t0, t1;
+  while (cur.next(off, u, t0, t1)) {
+    const int b = u / sh.groups;
+    const int kv_len = p.kv_lens[b];
+    for (int tile = t0; tile < t1; ++tile) {
+      const int key = tile * kKeysPerTile + my_key;
+      // Keys past the stream are zeros (P is 0 there; 0 * NaN would not be);
+      // a key whose page is outside the pool is NaN, so its stream shows it.
+      const bf16* row = key < kv_len ? kv_row(p, b, key) : nullptr;
+      const bool zero = key >= kv_len, poisoned = key < kv_len && row == nullptr;
+      for (int j = 0; j < kChunks; ++j) {
+        const int slot = seq % kRing;
+        if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
+        const uint32_t base = ring + slot * kChunkBytes + my_key * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c16 = 2 * i + half;  // 16-byte column of the 128-byte row
+          const uint32_t dst = base + ((c16 ^ (my_key & 7)) << 4);
+          if (poisoned)
+            st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
+          else
+            cp_async16(dst, zero ? (const void*)p.kv : (const void*)(row + j * kChunkDims + c16 * 8), zero ? 0 : 16);
+        }
+        cp_async_commit();
+        if (seq >= kLag) {  // chunk seq - kLag has landed: publish it
+          cp_async_wait<kLag>();
+          fence_proxy_async();
+          mbar_arrive(&full[(seq - kLag) % kRing]);
+        }
+        ++seq;
+      }
+    }
+  }
+  cp_async_wait<0>();
+  fence_proxy_async();
+  for (int s = max(0, seq - kLag); s < seq; ++s) mbar_arrive(&full[s % kRing]);
+}
+
+// A compute warpgroup with no pairs still has to hand every chunk back.
+__device__ void pass_chunks(const int* off, Cursor cur, uint64_t* empty, uint64_t* full) {
+  int seq = 0, u, t0, t1;
+  while (cur.next(off, u, t0, t1))
+    for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
+      mbar_wait(&full[seq % kRing], (seq / kRing) & 1);
+      if (threadIdx.x % 32 == 0) mbar_arrive(&empty[seq % kRing]);
+    }
+}
+
+// Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
+__device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
+                        uint64_t* full, uint64_t* empty, int group, int cta) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = 2 * (lane % 4);  // fragment row (+8) and column (+1) of this lane
+  const int bar_id = 1 + group;
+  const uint32_t ring = smem_addr(smem + kOffRing);
+  const uint32_t q_s = smem_addr(smem + kOffQ + group * kQBytes);
+  const uint32_t p_s = smem_addr(smem + kOffP + group * kPBytes);
+  float* col_max = reinterpret_cast<float*>(smem + kOffMax) + group * 2 * 4 * kPairsPerGroup;
+  int* vis_s = reinterpret_cast<int*>(smem + kOffVis) + group * kPairsPerGroup;
+  // The running max of a column is the same in every lane, and its running sum
+  // is kept per warp: both live in shared memory, not in the 232 registers a
+  // compute thread has, of which the output accumulators take 160.
+  float* m_s = reinterpret_cast<float*>(smem + kOffM) + group * 2 * kPairsPerGroup;
+  float* l_s = reinterpret_cast<float*>(smem + kOffL) + group * 4 * kPairsPerGroup + warp * kPairsPerGroup;
+  const float scale_log2 = p.scale * kLog2e;
+  const int first_share_unit = cur.unit;
+
+  int seq = 0;
+  int parity_buf = 0;
+  int u, t0, t1;
+  while (cur.next(off, u, t0, t1)) {
+    const int b = u / sh.groups, grp = u % sh.groups;
+    const int kv_len = p.kv_lens[b];
+    const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
+    const int n_pairs = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup,
+                                                       sh.pairs - pair0)));
+
+    // Q^T of this warpgroup's pairs: row n = pair pair0 + n, in 9 swizzled 64-dim chunks.
+    named_barrier(bar_id, 128);  // nobody still reads the previous unit's Q or keys visible
+    for (int i = tid; i < kPairsPerGroup * (kDimQK / 8); i += 128) {
+      const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
+      const uint32_t dst = q_s + j * (kPairsPerGroup * 128) + n * 128 + ((col ^ (n & 7)) << 4);
+      const int pr = pair0 + n;
+      const bool real = n < n_pairs;
+      cp_async16(dst, real ? (const void*)(q_head(p, b, pr / p.num_heads, pr % p.num_heads) + 8 * c16)
+                           : (const void*)p.q, real ? 16 : 0);
+    }
+    cp_async_commit();
+    if (tid < kPairsPerGroup) {
+      const int pr = pair0 + tid;
+      vis_s[tid] = tid < n_pairs ? kv_len - p.q_len + pr / p.num_heads + 1 : 0;
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier(bar_id, 128);
+
+    float o[kVChunks][20];  // O^T: 8 dim tiles of 64 x 40
+#pragma unroll
+    for (int j = 0; j < kVChunks; ++j)
+#pragma unroll
+      for (int r = 0; r < 20; ++r) o[j][r] = 0.f;
+    if (tid < kPairsPerGroup) m_s[tid] = -CUDART_INF_F;
+    if (g == 0)
+#pragma unroll
+      for (int i = 0; i < 5; ++i) l_s[8 * i + c] = l_s[8 * i + c + 1] = 0.f;
+    int m_buf = 0;
+
+    for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
+      // 1. S^T[64 keys, 40 pairs] = K Q^T over the 9 chunks, 4 k-steps each.
+      float s[20];  // the first wgmma overwrites it (scale-d 0)
+      // Wait for the whole tile first: a wait between two wgmmas that add into
+      // the same registers makes ptxas fence them (and the loader runs ahead).
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) mbar_wait(&full[(seq + j) % kRing], ((seq + j) / kRing) & 1);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const uint32_t a = ring + ((seq + j) % kRing) * kChunkBytes, bq = q_s + j * (kPairsPerGroup * 128);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_m64n40k16<0>(s, sw128_desc(a + 32 * ks, 1024), sw128_desc(bq + 32 * ks, 1024), j | ks);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(s);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[(seq + kChunks - 1) % kRing]);  // the RoPE chunk is done
+
+      // 2. Online softmax down each column (a pair), over this tile's 64 keys:
+      //    the column max of this warp's 16 keys by shuffles, of all 64 through
+      //    shared memory.  Column k = 2i + e of this lane is pair 8i + c + e.
+      const int key_lo = tile * kKeysPerTile + 16 * warp + g;
+      float* cm = col_max + parity_buf * 4 * kPairsPerGroup;
+      parity_buf ^= 1;
+#pragma unroll
+      for (int i = 0; i < 5; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int vis = vis_s[8 * i + c + e];
+          const float lo = key_lo < vis ? s[4 * i + e] * scale_log2 : -CUDART_INF_F;
+          const float hi = key_lo + 8 < vis ? s[4 * i + 2 + e] * scale_log2 : -CUDART_INF_F;
+          s[4 * i + e] = lo;
+          s[4 * i + 2 + e] = hi;
+          float mx = fmaxf(lo, hi);
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          if (g == 0) cm[warp * kPairsPerGroup + 8 * i + c + e] = mx;
+        }
+      named_barrier(bar_id, 128);
+
+      // 3. Per column: new max, P = exp2(s - max) (rounded to bf16 for the
+      //    tensor cores), the sum, the rescale of what earlier tiles added, and
+      //    P^T to shared memory: row n = pair n, its 64 keys in one swizzled
+      //    128-byte row, written by stmatrix straight from the fragments.
+      {
+        const int mat = (lane / 8) % 2, r = lane % 8;
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+          float pv[4];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * i + c + e;
+            const float t = fmaxf(fmaxf(cm[col], cm[kPairsPerGroup + col]),
+                                  fmaxf(cm[2 * kPairsPerGroup + col], cm[3 * kPairsPerGroup + col]));
+            const float m_old = m_s[m_buf * kPairsPerGroup + col];
+            const float m_new = fmaxf(m_old, t);
+            const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key seen yet: keep exp2 finite
+            const float alpha = exp2f(m_old - m_use);
+            if (warp == 0 && g == 0) m_s[(m_buf ^ 1) * kPairsPerGroup + col] = m_new;
+            pv[e] = exp2f(s[4 * i + e] - m_use);
+            pv[2 + e] = exp2f(s[4 * i + 2 + e] - m_use);
+            float sum = pv[e] + pv[2 + e];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+            if (g == 0) l_s[col] = l_s[col] * alpha + sum;
+#pragma unroll
+            for (int j = 0; j < kVChunks; ++j) {
+              o[j][4 * i + e] *= alpha;
+              o[j][4 * i + 2 + e] *= alpha;
+            }
+          }
+          const int n = 8 * i + r, chunk = 2 * warp + mat;
+          stmatrix_x2_trans(p_s + n * 128 + ((chunk ^ (n & 7)) << 4), pack_bf16x2(pv[0], pv[1]),
+                            pack_bf16x2(pv[2], pv[3]));
+        }
+      }
+      m_buf ^= 1;
+      fence_proxy_async();
+      named_barrier(bar_id, 128);
+
+      // 4. O^T[dims, pairs] += V^T P^T: V^T is the tile's chunk j read MN-major.
+      //    (The rescale above must be done before the wgmmas read O: pinning the
+      //    accumulators here keeps the compiler from sinking it past the fence.)
+#pragma unroll
+      for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kVChunks; ++j) {
+        const uint32_t a = ring + ((seq + j) % kRing) * kChunkBytes;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_m64n40k16<1>(o[j], sw128_desc(a + 2048 * ks, 1024), sw128_desc(p_s + 32 * ks, 1024), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
+      __syncwarp();
+      if (lane == 0)
+        for (int j = 0; j < kVChunks; ++j) mbar_arrive(&empty[(seq + j) % kRing]);
+    }
+
+    // 5. A column's sum is the sum of its four warps' sums.
+    named_barrier(bar_id, 128);
+    const float* l_all = l_s - warp * kPairsPerGroup;
+    const float* m_fin = m_s + m_buf * kPairsPerGroup;
+
+    // 6. Write the unit: whole -> out and lse; cut -> this block's partial slot.
+    const bool whole = t0 == 0 && t1 == off[u + 1] - off[u];
+    const int slot = u == first_share_unit ? 0 : 1;  // a share cuts at most its first and its last unit
+    const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock + group * kPairsPerGroup;
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * i + c + e;
+        if (n >= n_pairs) continue;
+        const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
+        const float l = (l_all[n] + l_all[kPairsPerGroup + n]) + (l_all[2 * kPairsPerGroup + n] + l_all[3 * kPairsPerGroup + n]);
+        const float inv = 1.f / l;
+        const float lse_nat = (m_fin[n] + log2f(l)) * 0.6931471805599453f;
+        if (whole) {
+          bf16* dst = out_head(p, b, t, h);
+#pragma unroll
+          for (int j = 0; j < kVChunks; ++j) {
+            dst[64 * j + 16 * warp + g] = __float2bfloat16(o[j][4 * i + e] * inv);
+            dst[64 * j + 16 * warp + g + 8] = __float2bfloat16(o[j][4 * i + 2 + e] * inv);
+          }
+          if (warp == 0 && g == 0) *lse_at(p, b, t, h) = lse_nat;
+        } else {
+          float* dst = p.o_partial + (part_row0 + n) * kDimV;
+          const bool empty_part = l == 0.f;  // no key of this piece is visible to the pair
+#pragma unroll
+          for (int j = 0; j < kVChunks; ++j) {
+            dst[64 * j + 16 * warp + g] = empty_part ? 0.f : o[j][4 * i + e] * inv;
+            dst[64 * j + 16 * warp + g + 8] = empty_part ? 0.f : o[j][4 * i + 2 + e] * inv;
+          }
+          if (warp == 0 && g == 0) p.lse_partial[part_row0 + n] = empty_part ? -CUDART_INF_F : lse_nat;
+        }
+      }
+  }
+}
+#endif  // MLA_SM90A
+
+__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) {
+#if MLA_SM90A
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBars);
+  uint64_t* empty = full + kRing;
+  // The warpgroup, read through a shuffle so the compiler knows it is the same
+  // in every lane: a branch on it is then not divergent, and wgmma stays unserialised.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) {
+      mbar_init(&full[s], 128);   // every loader thread arrives once its copies have landed
+      mbar_init(&empty[s], 8);    // every compute warp arrives once its wgmmas are done
+    }
+  }
+  wait_for_previous_grid();  // the plan
+  launch_dependents();
+  __syncthreads();
+
+  const Shape sh = shape_of(p);
+  const int W = p.plan[0], C = p.plan[1];
+  const int cta = blockIdx.x;
+  if (cta >= C) return;  // no share for this block (the whole block leaves together)
+  const int* off = p.plan + kPlanHeader;
+  Cursor cur;
+  cur.x = share_start(cta, W, C);
+  cur.end = share_start(cta + 1, W, C);
+  cur.unit = first_unit_of(off, sh.units, cur.x);
+
+  if (wg == 0) {
+    release_registers<kLoaderRegs>();
+    load_keys(p, sh, off, cur, smem, full, empty);
+  } else {
+    claim_registers<kComputeRegs>();
+    if (wg == 2 && sh.per_group <= kPairsPerGroup)
+      pass_chunks(off, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
+    else
+      compute(p, sh, off, cur, smem, full, empty, wg - 1, cta);
+  }
+#else
+  __trap();
+#endif
+}
+
+// ---- the combine kernel: merge the partials of each cut unit --------------------------
+
+constexpr int kCombineThreads = 128;  // x 4 dims = 512
+
+__global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
+#if MLA_SM90A
+  wait_for_previous_grid();
+  const int n = blockIdx.x, k = blockIdx.y, tid = threadIdx.x;
+  const int n_cut = p.plan[2];
+  if (k >= n_cut) return;
+  const Shape sh = shape_of(p);
+  const int W = p.plan[0], C = p.plan[1];
+  const int* off = p.plan + kPlanHeader;
+  const int* cut = off + sh.units + 1 + 3 * k;
+  const int u = cut[0], c0 = cut[1], c1 = cut[2];
+  const int b = u / sh.groups, grp = u % sh.groups;
+  const int local = n;  // pair within the unit's 80
+  const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
+  const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
+  const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
+  if (in_group >= n_group) return;
+  const int pr = pair0 + in_group, t = pr / p.num_heads, h = pr % p.num_heads;
+
+  auto row_of = [&](int cta) {  // the partial slot block `cta` wrote for unit u
+    const int slot = (cta == c0 && share_start(cta, W, C) < off[u]) ? 1 : 0;
+    return ((int64_t)cta * 2 + slot) * kPairsPerBlock + local;
+  };
+  float mx = -CUDART_INF_F;
+  for (int cta = c0; cta <= c1; ++cta) mx = fmaxf(mx, p.lse_partial[row_of(cta)]);
+  float weight_sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int cta = c0; cta <= c1; ++cta) {
+    const int64_t row = row_of(cta);
+    const float ls = p.lse_partial[row];
+    if (ls == -CUDART_INF_F) continue;
+    const float w = __expf(ls - mx);
+    const float4 v = reinterpret_cast<const float4*>(p.o_partial + row * kDimV)[tid];
+    weight_sum += w;
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  const float inv = 1.f / weight_sum;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out_head(p, b, t, h) + 4 * tid);
+  o[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+  o[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  if (tid == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
+#else
+  __trap();
+#endif
+}
+
+
+// Launch with programmatic dependent launch when asked and the driver allows
+// it, else plainly.
+cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cudaStream_t stream, const MlaParams& p,
+                   bool pdl) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g.grid;
+    cfg.blockDim = g.block;
+    cfg.dynamicSmemBytes = g.dynamic_smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, p) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError();  // not supported here: launch plainly
+  }
+  kernel<<<g.grid, g.block, g.dynamic_smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+LaunchGeometry plan_geometry(const MlaParams&) { return {dim3(1), dim3(kPlanThreads), 0}; }
+LaunchGeometry main_geometry(const MlaParams& p) { return {dim3(p.num_splits), dim3(kThreads), kSmemBytes}; }
+// One block per (pair of a unit, cut unit); there are at most num_splits cut units.
+LaunchGeometry combine_geometry_10(const MlaParams& p) {
+  return {dim3(kPairsPerBlock, p.num_splits), dim3(kCombineThreads), 0};
+}
+
+}  // namespace
+
+// num_splits is the persistent grid: how many blocks share the work (one per SM by default).
+cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
+  MlaParams q = p;  // with this call's scratch filled in
+  const Shape sh = shape_of(q);
+  const int64_t slots = (int64_t)q.num_splits * 2 * kPairsPerBlock;
+  q.o_partial = static_cast<float*>(q.scratch(q.scratch_ctx, slots * kDimV * 4));
+  q.lse_partial = static_cast<float*>(q.scratch(q.scratch_ctx, slots * 4));
+  q.plan = static_cast<int*>(q.scratch(q.scratch_ctx, (kPlanHeader + sh.units + 1 + 3 * (int64_t)q.num_splits) * 4));
+  if (!q.o_partial || !q.lse_partial || !q.plan) return cudaErrorMemoryAllocation;
+  static bool opted_in[64] = {};  // the opt-in is made once per device (it is a per-context attribute)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= 64 || !opted_in[device]) {
+    err = cudaFuncSetAttribute(hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (device < 64) opted_in[device] = true;
+  }
+  const bool pdl = q.pdl != 0;
+  err = launch(hopper_plan_kernel, plan_geometry(q), stream, q, false);
+  if (err == cudaSuccess) err = launch(hopper_kernel, main_geometry(q), stream, q, pdl);
+  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, pdl);
+  return err;
+}
+
+int hopper_kernels(const KernelHandle** handles) {
+  static const KernelHandle kernels[] = {
+      {"hopper_plan_kernel", (const void*)hopper_plan_kernel, kPlanThreads, plan_geometry},
+      {"hopper_kernel", (const void*)hopper_kernel, kThreads, main_geometry},
+      {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
+  };
+  *handles = kernels;
+  return int(std::size(kernels));
+}
+
+}  // namespace mla
