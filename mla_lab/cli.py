@@ -100,8 +100,12 @@ def _verify(args, argv) -> int:
     for sid in ids:
         st = stages.get(sid)
         if not st.runs_on(major, minor):
-            print(f"{sid:<13} skipped: this GPU is sm_{major}{minor}; the stage runs on compute capability "
-                  f"{st.min_cc / 10:.1f}{' to %.1f' % (st.max_cc / 10) if st.max_cc else ' and newer'}", flush=True)
+            cc = (lambda v: f"{v // 10}.{v % 10}")
+            runs = (f"{cc(st.min_cc)} only" if st.min_cc == st.max_cc else f"{cc(st.min_cc)} and newer"
+                    if not st.max_cc else f"up to {cc(st.max_cc)}" if not st.min_cc
+                    else f"{cc(st.min_cc)} to {cc(st.max_cc)}")
+            print(f"{sid:<13} skipped: this GPU is sm_{major}{minor}; the stage runs on compute capability {runs}",
+                  flush=True)
             continue
         checks = verify_attention(sid, gpu_grid(full=not args.quick), raise_on_failure=False)
         bad = [c for c in checks if not c.ok]
