@@ -1,0 +1,681 @@
+"""Chapter 7's measurements: what launching costs, what CUDA graphs save, and whole model steps.
+
+``mla-lab graphs`` runs every section below on a GPU and writes them to
+``results/graphs/<gpu>.json``; chapter 7 runs the same functions live on a
+GPU and reads that file without one.  The timing here differs from the
+bench's on purpose.  The bench flushes the L2 before every run and keeps the
+GPU's queue full, which hides the host.  A decode loop does neither: it
+issues call after call, so when a call's kernels take less time than the
+host needs to launch them, the GPU waits.  Three ways of timing:
+
+* :func:`per_call_us`: calls back to back, no flush, CUDA events around many
+  of them: what a decode loop sees, host and GPU together.
+* :func:`host_us`: the host's time per call alone, with a sleeping kernel
+  queued ahead of the calls so that none of them waits for the GPU (checked:
+  the sleep must still be running when the last call returns).
+* :func:`graph_per_call_us`: the same calls captured in one CUDA graph
+  (61 of them, one per layer of Kimi K2.x) and replayed.
+
+Sections (each a key of the record):
+
+``launch``      host µs per call at prefix 256: each stage's bare op (or the
+                Triton kernels' launcher), ``attention(check=False)`` with and
+                without given outputs, and a tiny torch op.
+``best``        each stage's attention at prefix 16384 (graph replay, L2
+                flushed): the fastest is the "best stage" of later sections.
+``loop``        per call, eager against 61 captured, at prefixes 256, 1024, 16384.
+``prediction``  kernels per layer and per step (counted by the profiler) and
+                the host time of one eager layer: the graphs' saving predicted.
+``steps``       the 61-layer model step (:mod:`mla_lab.model_step`), eager and
+                captured, for Triton, ``float4`` and the best stage at prefixes
+                1024, 16384, 65536; and one layer at 1024.
+``verify_step`` :class:`~mla_lab.verify_step.VerifyStep` replays with changing
+                lengths, tables and stream counts against eager calls, every stage.
+``defrag``      scattered pages of one token against defragmented ones at
+                prefix 16384: the defragmentation's cost, kernel and step times
+                before and after, outputs compared.
+``acceptance``  the 100-step speculative loop on the GPU (:mod:`mla_lab.decode_loop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import ops, stages
+from .problem import Problem, make_workload
+from .results import RESULTS, gpu_slug
+
+GRAPHS = RESULTS / "graphs"
+Q_LEN, HEADS = 9, 8
+LAUNCH_PREFIX = 256
+BEST_PREFIX = 16384
+LOOP_PREFIXES = (256, 1024, 16384)
+STEP_PREFIXES = (1024, 16384, 65536)
+CALLS_IN_GRAPH = 61  # one per layer of Kimi K2.x
+ARTICLE_STAGE = "float4"  # the article's final design
+BASELINE = "triton"
+SECTIONS = ("launch", "best", "loop", "prediction", "steps", "verify_step", "defrag", "acceptance")
+
+
+# ---- timing ------------------------------------------------------------------------------
+
+def _events_us(fn, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def per_call_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> float:
+    """Median over ``repeats`` of the time per call of ``calls`` calls issued back to back (no L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(_events_us(fn, calls) for _ in range(repeats))
+
+
+def adaptive_per_call_us(fn, budget_s: float = 0.3, most: int = 50, repeats: int = 3) -> float:
+    """:func:`per_call_us` for calls of any length: as many calls as fit ``budget_s`` (at least 2)."""
+    fn()
+    torch.cuda.synchronize()
+    once = _events_us(fn, 1)
+    n = max(2, min(most, int(budget_s * 1e6 / max(once, 1.0))))
+    return per_call_us(fn, calls=n, repeats=repeats, warmup=1)
+
+
+def graph_per_call_us(fn, calls_in_graph: int = CALLS_IN_GRAPH, replays: int = 5) -> float:
+    """``fn`` captured ``calls_in_graph`` times in one graph; time per call over back-to-back replays."""
+    from .timing import cuda_graph
+
+    def many():
+        for _ in range(calls_in_graph):
+            fn()
+
+    g = cuda_graph(many, warmup_calls=1)
+    us = per_call_us(g.replay, calls=replays, repeats=3, warmup=1) / calls_in_graph
+    del g
+    return us
+
+
+_CYCLES_PER_US: list[float] = []
+
+
+def _sleep_cycles_per_us() -> float:
+    """How many cycles ``torch.cuda._sleep`` spins per microsecond on this GPU (measured once)."""
+    if not _CYCLES_PER_US:
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+        n = 2_000_000
+        us = statistics.median(_events_us(lambda: torch.cuda._sleep(n), 1) for _ in range(3))
+        _CYCLES_PER_US.append(n / us)
+    return _CYCLES_PER_US[0]
+
+
+def host_us(fn, calls: int = 100, repeats: int = 5) -> tuple[float, bool]:
+    """Median host time per call with the GPU kept busy; and whether it stayed busy throughout.
+
+    A sleep kernel long enough to outlast the calls goes first, so no call
+    waits for the GPU; an event recorded after it must still be pending when
+    the last call returns, else the GPU ran dry and the figure is flagged.
+    Keep ``calls`` x launches per call well under ~1000: the launch queue
+    has room for about that many, and a full queue makes the host wait.
+    """
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        fn()
+    estimate_us = (time.perf_counter() - t0) / 5 * 1e6
+    torch.cuda.synchronize()
+    cycles = int(_sleep_cycles_per_us() * max(2000.0, 3 * calls * estimate_us))
+    times, busy = [], True
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        after_sleep = torch.cuda.Event()
+        after_sleep.record()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter_ns()
+        busy = busy and not after_sleep.query()
+        times.append((t1 - t0) / calls / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times), busy
+
+
+def _kernel_count(fn) -> int | None:
+    """CUDA kernels (and memory operations) one call of ``fn`` puts on the GPU, by the profiler."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # a profiler that cannot start here: say so rather than guess
+        return None
+
+
+# ---- the sections --------------------------------------------------------------------------
+
+def _workload(prefix: int, seed: int = 0):
+    return make_workload(Problem(streams=1, q_len=Q_LEN, heads=HEADS, prefix=prefix, page_size=1, scattered=True),
+                         device="cuda", seed=seed, poison=False)
+
+
+def measure_launch(prefix: int = LAUNCH_PREFIX) -> dict:
+    """Host µs per call of every stage, bare and through ``attention()``, with the GPU busy."""
+    from . import triton_baseline
+
+    w = _workload(prefix)
+    out, lse = w.new_outputs(poison=False)
+    a, b, c = (torch.zeros(16, device="cuda") for _ in range(3))
+    tiny, tiny_busy = host_us(lambda: torch.add(a, b, out=c))
+    rows = []
+    for st in stages.STAGES:
+        if st.kind == "triton":
+            ns = stages.TRITON_DEFAULT_SPLITS
+            R = Q_LEN
+            ws_out = torch.empty(R, HEADS, ns, 512, device="cuda")
+            ws_lse = torch.empty(R, HEADS, ns, device="cuda")
+
+            def bare(ws_out=ws_out, ws_lse=ws_lse, ns=ns):
+                triton_baseline.launch(*w.args(), out, lse, ws_out, ws_lse, num_splits=ns)
+
+            launches, what = 2, "Triton's launcher, two kernels, workspace given"
+        else:
+            ops.load_ops()
+            op = getattr(torch.ops.mla_lab, st.id)
+            scale = float(w.scale)
+            if st.splits:
+                ns = ops.default_num_splits(st, w.q, w.kv_cache, w.block_table)
+
+                def bare(op=op, ns=ns):
+                    op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, ns, out, lse)
+            else:
+                def bare(op=op):
+                    op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
+            launches, what = (2, "the op: main kernel + combine") if st.splits else (1, "the op: one kernel")
+        bare_us, bare_busy = host_us(bare)
+        given_us, given_busy = host_us(lambda st=st: ops.attention(st, *w.args(), out=out, lse=lse, check=False))
+        alloc_us, alloc_busy = host_us(lambda st=st: ops.attention(st, *w.args(), check=False))
+        rows.append(dict(stage=st.id, launches=launches, bare=what, bare_us=bare_us, attention_us=given_us,
+                         attention_alloc_us=alloc_us, overhead_us=given_us - bare_us,
+                         alloc_overhead_us=alloc_us - bare_us, busy=bare_busy and given_busy and alloc_busy))
+    return dict(prefix=prefix, streams=1, q_len=Q_LEN, heads=HEADS, tiny_op_us=tiny, tiny_op_busy=tiny_busy,
+                rows=rows)
+
+
+def measure_best(prefix: int = BEST_PREFIX) -> dict:
+    """Each stage's attention at ``prefix`` (graph replay, L2 flushed, median); the fastest is the best."""
+    from .timing import time_call
+
+    w = _workload(prefix, seed=1)
+    out, lse = w.new_outputs(poison=False)
+    times = {}
+    for st in stages.STAGES:
+        try:
+            times[st.id] = time_call(ops.runner(st, w, out=out, lse=lse), graph=True, rep_ms=20)
+        except RuntimeError as e:  # a stage this GPU or shape cannot run (shared memory, compute capability)
+            times[st.id] = None
+            print(f"  {st.id}: cannot run here: {str(e).splitlines()[0]}", file=sys.stderr)
+    best = min((t, s) for s, t in times.items() if t is not None)[1]
+    return dict(prefix=prefix, kernel_us=times, best=best)
+
+
+def measure_loop(stage_ids, prefixes=LOOP_PREFIXES) -> list[dict]:
+    """Per call, back to back: eager ``attention(check=False)`` against 61 calls captured in one graph."""
+    rows = []
+    for prefix in prefixes:
+        w = _workload(prefix, seed=2)
+        out, lse = w.new_outputs(poison=False)
+        for sid in stage_ids:
+            st = stages.get(sid)
+
+            def call(st=st):
+                ops.attention(st, *w.args(), out=out, lse=lse, check=False)
+
+            rows.append(dict(stage=sid, prefix=prefix, eager_us=per_call_us(call, calls=100),
+                             graph_us=graph_per_call_us(call), calls_in_graph=CALLS_IN_GRAPH))
+    return rows
+
+
+class _Model:
+    """Kimi K2.x TP8 weights, made once per session (about 3 GB)."""
+
+    def __init__(self, cfg):
+        from .model_step import random_weights
+
+        self.cfg = cfg
+        self.weights = random_weights(cfg, device="cuda", seed=0)
+
+    def paged(self, prefix: int, seed: int):
+        """One stream of ``prefix`` tokens at scattered pages of one token, random rows in every layer,
+        ready for a step of Q_LEN rows: (page table, cache, block table, kv_lens, x)."""
+        from .paging import PageTable
+
+        table = PageTable(prefix + Q_LEN + 2, 1, prefix + Q_LEN, 1, scatter_seed=seed)
+        table.add_prefix(0, prefix)
+        table.begin_step(Q_LEN)
+        cache = torch.empty(self.cfg.layers, table.num_pages, 1, 576, dtype=torch.bfloat16, device="cuda").normal_()
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(Q_LEN, self.cfg.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+        return table, cache, table.block_table("cuda"), table.kv_lens("cuda"), x
+
+    def step(self, stage, cache, block_table, kv_lens, x, layers: int | None = None):
+        from .model_step import ModelStep
+
+        n = layers or self.cfg.layers
+        s = ModelStep(self.cfg.with_(layers=n), self.weights[:n], cache[:n], stage, streams=1, q_len=Q_LEN,
+                      max_pages=block_table.shape[1])
+        s.load(x, block_table, kv_lens)
+        return s
+
+
+def _step_times(step) -> tuple[float, float]:
+    """(eager µs, captured µs) of one model step, back to back."""
+    eager = adaptive_per_call_us(step._run)
+    step.capture()
+    graph = adaptive_per_call_us(step.graph.replay)
+    return eager, graph
+
+
+def measure_prediction(model: _Model, stage: str, prefix: int = 1024) -> dict:
+    """What predicts the graphs' saving: kernels per layer and per step, host cost per launch and per layer."""
+    _, cache, bt, lens, x = model.paged(prefix, seed=3)
+    one = model.step(stage, cache, bt, lens, x, layers=1)
+    two = model.step(stage, cache, bt, lens, x, layers=2)
+    n1, n2 = _kernel_count(one._run), _kernel_count(two._run)
+    per_layer = None if n1 is None or n2 is None else n2 - n1
+    per_step = None if per_layer is None else n1 - per_layer  # the step's own: slots, positions, RoPE table
+    layer_host, busy = host_us(one._run, calls=10)
+    return dict(stage=stage, prefix=prefix, layers=model.cfg.layers, kernels_per_layer=per_layer,
+                kernels_per_step=per_step, one_layer_step_host_us=layer_host, host_busy=busy)
+
+
+def measure_steps(model: _Model, stage_ids, prefixes=STEP_PREFIXES, layer_prefix: int = 1024,
+                  layer_stage: str | None = None) -> dict:
+    """The 61-layer step, eager and captured, per stage and prefix; one layer at ``layer_prefix``."""
+    rows, layer = [], None
+    for prefix in prefixes:
+        _, cache, bt, lens, x = model.paged(prefix, seed=prefix)
+        for sid in stage_ids:
+            step = model.step(sid, cache, bt, lens, x)
+            eager, graph = _step_times(step)
+            rows.append(dict(stage=sid, prefix=prefix, layers=model.cfg.layers, eager_us=eager, graph_us=graph))
+            print(f"  step {sid:<12} prefix {prefix:>6}: eager {eager / 1e3:8.2f} ms, captured {graph / 1e3:8.2f} ms",
+                  file=sys.stderr, flush=True)
+            del step
+        if prefix == layer_prefix and layer_stage:
+            one = model.step(layer_stage, cache, bt, lens, x, layers=1)
+            eager, graph = _step_times(one)
+            layer = dict(stage=layer_stage, prefix=prefix, eager_us=eager, graph_us=graph)
+            del one
+        del cache
+        torch.cuda.empty_cache()
+    return dict(rows=rows, one_layer=layer, hidden=model.cfg.hidden, heads=model.cfg.heads, q_len=Q_LEN,
+                layer_bytes=model.cfg.layer_bytes())
+
+
+def measure_verify_step(replays: int = 12, seed: int = 0) -> list[dict]:
+    """Per stage: a bucket of 4 streams captured once, replayed with new lengths, tables and 1-4 real
+    streams; every replay's real streams compared bit for bit with an eager call (same split count)."""
+    import random
+
+    from .verify_step import VerifyStep
+
+    rng = random.Random(seed)
+    P, width, B = 16, 160, 4
+    num_pages = B * width + 1
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pool = torch.randn(num_pages, P, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    calls = []
+    for _ in range(replays):
+        b = rng.randint(1, B)
+        lens = [rng.randint(Q_LEN, width * P) for _ in range(b)]
+        pages = rng.sample(range(1, num_pages), b * width)
+        table = torch.tensor(pages, dtype=torch.int32).view(b, width)
+        q = torch.randn(b, Q_LEN, HEADS, 576, generator=gen, device="cuda").to(torch.bfloat16)
+        calls.append((q, table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")))
+    rows = []
+    for st in stages.STAGES:
+        step = VerifyStep(st, pool, streams=B, q_len=Q_LEN, heads=HEADS, max_pages=width)
+        equal = padded_nan = True
+        for q, table, lens in calls:
+            out, lse = step(q, table, lens)
+            eo, el = step.eager(q, table, lens)
+            equal = equal and torch.equal(out, eo) and torch.equal(lse, el)
+            b = q.shape[0]
+            padded_nan = padded_nan and bool(torch.isnan(step.lse[b:]).all())
+        rows.append(dict(stage=st.id, replays=len(calls), bit_equal=equal, padded_nan=padded_nan,
+                         num_splits=step.num_splits, streams=B, max_pages=width, page_size=P))
+        del step
+    return rows
+
+
+def measure_defrag(model: _Model, stage_ids, prefix: int = BEST_PREFIX) -> dict:
+    """Pages of one token at scattered ids, then defragmented: the cost, kernel and step times, outputs."""
+    from .timing import time_call
+
+    table, cache, bt, lens, x = model.paged(prefix, seed=5)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(1, Q_LEN, HEADS, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    scale = model.cfg.scale
+
+    def kernels(block_table):
+        out = {}
+        for sid in stage_ids:
+            o, l = ops.attention(sid, q, cache[0], block_table, lens, scale, check=False)
+            us = time_call(lambda sid=sid: ops.attention(sid, q, cache[0], block_table, lens, scale, check=False),
+                           graph=True, rep_ms=50)
+            out[sid] = (us, o.clone(), l.clone())
+        return out
+
+    def steps(block_table):
+        out = {}
+        for sid in stage_ids:
+            s = model.step(sid, cache, block_table, lens, x)
+            s.capture()
+            us = adaptive_per_call_us(s.graph.replay)
+            out[sid] = (us, s.y.clone())
+            del s
+        return out
+
+    k0, s0 = kernels(bt), steps(bt)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    plan = table.defragment(cache)
+    torch.cuda.synchronize()
+    cost_us = (time.perf_counter() - t0) * 1e6
+    bt_after = table.block_table("cuda")
+    assert table.is_contiguous()
+    k1, s1 = kernels(bt_after), steps(bt_after)
+    moved_bytes = plan.moved * model.cfg.layers * cache.shape[2] * 576 * 2
+    return dict(prefix=prefix, layers=model.cfg.layers, page_size=1, moved_pages=plan.moved,
+                moved_bytes=moved_bytes, defrag_us=cost_us,
+                kernel_us_before={s: k0[s][0] for s in stage_ids}, kernel_us_after={s: k1[s][0] for s in stage_ids},
+                step_us_before={s: s0[s][0] for s in stage_ids}, step_us_after={s: s1[s][0] for s in stage_ids},
+                kernel_same_output={s: torch.equal(k0[s][1], k1[s][1]) and torch.equal(k0[s][2], k1[s][2])
+                                    for s in stage_ids},
+                step_same_output={s: torch.equal(s0[s][1], s1[s][1]) for s in stage_ids})
+
+
+def measure_acceptance(stage_ids, steps: int = 100) -> list[dict]:
+    from .decode_loop import acceptance_loop
+
+    rows = []
+    for sid in stage_ids:
+        r = acceptance_loop(sid, steps=steps, streams=3, bucket_streams=4, q_len=Q_LEN, prefix=(5, 300, 1000),
+                            page_size=16, device="cuda", graph=True, defrag_every=25, seed=7)
+        rows.append(dict(stage=sid, steps=r.steps, appended=r.appended, accepted=r.accepted,
+                         cache_checks=r.cache_checks, defrags=r.defrags, max_rel_err=r.max_rel_err,
+                         summary=r.summary()))
+    return rows
+
+
+class Session:
+    """The sections measured in order, sharing the model's weights and the best stage."""
+
+    def __init__(self, quick: bool = False):
+        self.quick = quick
+        self.record: dict = {}
+        self._model = None
+
+    @property
+    def model(self) -> _Model:
+        if self._model is None:
+            from .model_step import KIMI_K2_TP8
+
+            self._model = _Model(KIMI_K2_TP8)
+        return self._model
+
+    @property
+    def best(self) -> str:
+        return self.run("best")["best"]
+
+    def step_stages(self) -> list[str]:
+        return list(dict.fromkeys([BASELINE, ARTICLE_STAGE, self.best]))
+
+    def run(self, name: str):
+        if name in self.record:
+            return self.record[name]
+        if name == "launch":
+            r = measure_launch()
+        elif name == "best":
+            r = measure_best()
+        elif name == "loop":
+            r = measure_loop(self.step_stages(), prefixes=LOOP_PREFIXES)
+        elif name == "prediction":
+            r = measure_prediction(self.model, self.best)
+        elif name == "steps":
+            r = measure_steps(self.model, self.step_stages(), prefixes=STEP_PREFIXES[:2] if self.quick else
+                              STEP_PREFIXES, layer_stage=self.best)
+        elif name == "verify_step":
+            r = measure_verify_step(replays=6 if self.quick else 12)
+        elif name == "defrag":
+            r = measure_defrag(self.model, list(dict.fromkeys([BASELINE, self.best])))
+        elif name == "acceptance":
+            r = measure_acceptance(list(dict.fromkeys([BASELINE, self.best])), steps=100)
+        else:
+            raise KeyError(f"no section {name!r}; sections are {', '.join(SECTIONS)}")
+        self.record[name] = r
+        return r
+
+    def run_all(self) -> dict:
+        for name in SECTIONS:
+            t0 = time.perf_counter()
+            self.run(name)
+            print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+        return self.record
+
+
+# ---- recorded results ------------------------------------------------------------------------
+
+def save(record: dict, path: Path | None = None, argv=None) -> Path:
+    from .bench import _versions
+    from .provenance import run_record
+
+    name = torch.cuda.get_device_name(0)
+    run = dict(gpu=name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               command="mla-lab graphs " + " ".join(argv or []), **_versions(), **run_record())
+    path = Path(path) if path else GRAPHS / f"{gpu_slug(name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(run=run, **record), indent=1) + "\n")
+    return path
+
+
+def load(path: Path | str | None = None) -> dict | None:
+    """The given record, or the most recently written one in results/graphs/; None if there is none."""
+    if path is None:
+        files = sorted(GRAPHS.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            return None
+        path = files[-1]
+    return json.loads(Path(path).read_text())
+
+
+def describe(record: dict) -> str:
+    run = record["run"]
+    return f"recorded on {run['gpu']} by `mla-lab graphs` ({run['date'][:10]})"
+
+
+# ---- what the chapter shows ------------------------------------------------------------------
+
+_LIVE: Session | None = None
+
+
+def section(name: str):
+    """A section: measured now on a GPU (once per session), else from the recorded file; None if neither."""
+    global _LIVE
+    if torch.cuda.is_available():
+        if _LIVE is None:
+            _LIVE = Session()
+        return _LIVE.run(name)
+    rec = load()
+    return None if rec is None else rec.get(name)
+
+
+def source() -> str:
+    if torch.cuda.is_available():
+        return f"measured now on {torch.cuda.get_device_name(0)}"
+    rec = load()
+    return f"{describe(rec)}; no GPU here" if rec else "no GPU here and nothing recorded by `mla-lab graphs` yet"
+
+
+def print_launch(r: dict) -> None:
+    print(f"host time per call, GPU kept busy (one stream, q_len {r['q_len']}, {r['heads']} heads, "
+          f"prefix {r['prefix']}); a tiny torch op (torch.add, 16 floats): {r['tiny_op_us']:.1f} us")
+    print(f"{'stage':<13} {'launches':>8} {'bare us':>8} {'attention us':>12} {'+ outputs us':>12} "
+          f"{'overhead us':>11} {'+ outputs':>9}")
+    for x in r["rows"]:
+        flag = "" if x["busy"] else "   (the GPU ran dry: an upper bound)"
+        print(f"{x['stage']:<13} {x['launches']:>8} {x['bare_us']:>8.1f} {x['attention_us']:>12.1f} "
+              f"{x['attention_alloc_us']:>12.1f} {x['overhead_us']:>11.1f} {x['alloc_overhead_us']:>9.1f}{flag}")
+
+
+def print_loop(rows: list[dict]) -> None:
+    print(f"{'stage':<13} {'prefix':>6} {'eager us/call':>13} {'61 captured us/call':>19} {'ratio':>6}")
+    for x in rows:
+        print(f"{x['stage']:<13} {x['prefix']:>6} {x['eager_us']:>13.1f} {x['graph_us']:>19.1f} "
+              f"{x['eager_us'] / x['graph_us']:>5.1f}x")
+
+
+def print_steps(r: dict) -> None:
+    print(f"{'stage':<13} {'prefix':>6} {'eager ms':>9} {'captured ms':>11} {'graphs gain':>11}")
+    for x in r["rows"]:
+        print(f"{x['stage']:<13} {x['prefix']:>6} {x['eager_us'] / 1e3:>9.2f} {x['graph_us'] / 1e3:>11.2f} "
+              f"{x['eager_us'] / x['graph_us']:>10.2f}x")
+
+
+def step_row(r: dict, stage: str, prefix: int) -> dict | None:
+    return next((x for x in r["rows"] if x["stage"] == stage and x["prefix"] == prefix), None)
+
+
+def print_claim(r: dict, best: str) -> None:
+    """The article's end-to-end claim: captured steps, the baseline over each stage."""
+    print(f"61-layer step, captured, one stream, q_len {r['q_len']}, {r['heads']} heads per rank:")
+    print(f"{'prefix':>6} " + "".join(f"{s + ' ms':>16}" for s in (BASELINE, ARTICLE_STAGE, best))
+          + "".join(f"{BASELINE + '/' + s:>18}" for s in (ARTICLE_STAGE, best)))
+    for prefix in sorted({x["prefix"] for x in r["rows"]}):
+        rows = [step_row(r, s, prefix) for s in (BASELINE, ARTICLE_STAGE, best)]
+        line = f"{prefix:>6} " + "".join(f"{x['graph_us'] / 1e3:>16.2f}" if x else f"{'-':>16}" for x in rows)
+        for x in rows[1:]:
+            line += f"{rows[0]['graph_us'] / x['graph_us']:>17.2f}x" if x and rows[0] else f"{'-':>18}"
+        print(line)
+
+
+def print_verify_step(rows: list[dict]) -> None:
+    print(f"{'stage':<13} {'splits':>6} {'replays':>7}  replay == eager, bit for bit   padded streams NaN")
+    for x in rows:
+        print(f"{x['stage']:<13} {x['num_splits']:>6} {x['replays']:>7}  {str(x['bit_equal']):<30} "
+              f"{x['padded_nan']}")
+
+
+def print_defrag(r: dict) -> None:
+    print(f"prefix {r['prefix']}, pages of {r['page_size']} token, {r['layers']} layers: defragmentation moved "
+          f"{r['moved_pages']} pages per layer ({r['moved_bytes'] / 1e9:.2f} GB in all) in "
+          f"{r['defrag_us'] / 1e3:.1f} ms (host planning included)")
+    print(f"{'stage':<13} {'kernel us before':>16} {'after':>8} {'step ms before':>14} {'after':>8}  same output")
+    for s in r["kernel_us_before"]:
+        print(f"{s:<13} {r['kernel_us_before'][s]:>16.1f} {r['kernel_us_after'][s]:>8.1f} "
+              f"{r['step_us_before'][s] / 1e3:>14.2f} {r['step_us_after'][s] / 1e3:>8.2f}  "
+              f"kernel {r['kernel_same_output'][s]}, step {r['step_same_output'][s]}")
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+DESCRIPTION = (
+    "Chapter 7's measurements, on this GPU, written to results/graphs/<gpu>.json (chapter 7 reads them without "
+    "a GPU): the host's cost per launch for every stage, bare and through attention(check=False); each stage's "
+    "attention at prefix 16384 (the fastest is the 'best stage'); per call, eager against 61 calls captured in "
+    "one CUDA graph, with no L2 flush between calls; kernels per layer and the host time of one eager layer "
+    "(the graphs' saving predicted); the 61-layer model step at Kimi K2.x TP8 sizes, eager and captured, for "
+    "triton, float4 and the best stage at prefixes 1024, 16384 and 65536; a captured VerifyStep against eager "
+    "calls, bit for bit, for every stage; KV defragmentation of scattered pages of one token; and a 100-step "
+    "speculative acceptance loop. About a minute on an H200. Without a GPU it prints what is recorded.")
+EXAMPLES = ("  mla-lab graphs                       # everything, recorded\n"
+            "  mla-lab graphs --quick               # steps at 1024 and 16384 only; records nothing\n"
+            "  mla-lab graphs --sections launch loop --out /tmp/graphs.json")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quick", action="store_true", help="model steps at prefixes 1024 and 16384 only, fewer "
+                    "verify-step replays; writes nothing unless --out is given")
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS, metavar="SECTION",
+                    help=f"what to measure (default: all: {' '.join(SECTIONS)})")
+    ap.add_argument("--out", default=None, help="write the record here instead of results/graphs/<gpu>.json")
+    ap.add_argument("--no-save", action="store_true", help="print only")
+
+
+def run(args: argparse.Namespace, argv=None) -> int:
+    if not torch.cuda.is_available():
+        rec = load()
+        if rec is None:
+            print("No CUDA GPU here, and nothing recorded by `mla-lab graphs` yet.")
+            return 0
+        print(f"No CUDA GPU here: showing what was {describe(rec)}.")
+        _print_all(rec)
+        return 0
+    s = Session(quick=args.quick)
+    for name in args.sections:
+        t0 = time.perf_counter()
+        s.run(name)
+        print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+    _print_all(s.record)
+    if args.no_save or (args.quick and not args.out):
+        return 0
+    path = save(s.record, args.out, argv)
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="mla-lab graphs", description=DESCRIPTION, epilog="examples:\n" + EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv), argv)
+
+
+def _print_all(rec: dict) -> None:
+    if rec.get("launch"):
+        print()
+        print_launch(rec["launch"])
+    if rec.get("best"):
+        print(f"\nbest stage at prefix {rec['best']['prefix']}: {rec['best']['best']}")
+    if rec.get("loop"):
+        print()
+        print_loop(rec["loop"])
+    if rec.get("steps"):
+        print()
+        print_steps(rec["steps"])
+        if rec.get("best"):
+            print()
+            print_claim(rec["steps"], rec["best"]["best"])
+    if rec.get("verify_step"):
+        print()
+        print_verify_step(rec["verify_step"])
+    if rec.get("defrag"):
+        print()
+        print_defrag(rec["defrag"])
+    for x in rec.get("acceptance") or []:
+        print(x["summary"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
