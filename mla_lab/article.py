@@ -272,8 +272,8 @@ _CLAIMS_BEFORE_TABLE = (
           lambda ev: roofline.fma_count(_problem(ARTICLE_HEADS, 16384)), "counted (the same on any GPU)",
           lambda ev: roofline.fma_count(_problem(ARTICLE_HEADS, 16384)), approximate=True),
     Claim(0, "The RTX PRO 6000 Blackwell has roughly 90 TFLOP/s of fp32 compute throughput.",
-          "90 TFLOP/s", "fp32 rate (ours: an 8192^3 fp32 matmul, measured; sm_120: datasheet)", "TFLOP/s",
-          lambda ev: ev.ceiling("fp32_matmul_tflops"), "measured",
+          "90 TFLOP/s", "fp32 CUDA-core rate (sm_120: its datasheet)", "TFLOP/s",
+          lambda ev: ev.ceiling("fp32_matmul_tflops"), "measured: an 8192^3 fp32 matmul",
           lambda ev: roofline.DEVICES["rtx_pro_6000"].fp32_tflops, approximate=True),
     Claim(0, "At peak compute utilization, the kernel should complete in 0.22 milliseconds.",
           "0.22 milliseconds", f"CUDA-core floor at the datasheet fp32 rate, ms, {_SHAPE.format(16384)}", "ms",
@@ -281,16 +281,16 @@ _CLAIMS_BEFORE_TABLE = (
           lambda ev: _cuda_core_floor_ms("rtx_pro_6000")),
     Claim(0, "the Triton kernel performed scattered gather memory accesses that achieved only ~14 GB/s effective "
              "bandwidth", "~14 GB/s",
-          "Triton baseline's effective bandwidth (the cache's bytes once / time), 8 heads, prefix 65536, pages of one "
-          "token at scattered ids", "GB/s", _triton_gbs, "measured", approximate=True),
+          "the Triton baseline's effective bandwidth: the cache's bytes (once) over its time, 8 heads, prefix 65536, "
+          "pages of one token at scattered ids", "GB/s", _triton_gbs, "measured", approximate=True),
     Claim(0, "roughly 130× below the GPU's 1.8 TB/s peak", "130×",
-          "copy bandwidth over the Triton baseline's effective bandwidth (ours: both measured; sm_120: datasheet "
-          "over the article's 14 GB/s)", "x",
-          lambda ev: ev.ceiling("copy_tbs") * 1e3 / _triton_gbs(ev), "measured",
+          "memory bandwidth over the Triton baseline's effective bandwidth (sm_120: its datasheet bandwidth over "
+          "the article's 14 GB/s)", "x",
+          lambda ev: ev.ceiling("copy_tbs") * 1e3 / _triton_gbs(ev), "measured: a copy and the Triton baseline",
           lambda ev: roofline.DEVICES["rtx_pro_6000"].bandwidth_tbs * 1e3 / claim("~14 GB/s").value, approximate=True),
     Claim(0, "roughly 130× below the GPU's 1.8 TB/s peak", "1.8 TB/s",
-          "memory bandwidth (ours: a device-to-device copy, measured; sm_120: datasheet)", "TB/s",
-          lambda ev: ev.ceiling("copy_tbs"), "measured",
+          "memory bandwidth (sm_120: its datasheet)", "TB/s",
+          lambda ev: ev.ceiling("copy_tbs"), "measured: a device-to-device copy",
           lambda ev: roofline.DEVICES["rtx_pro_6000"].bandwidth_tbs),
     # ---- chapter 02: flash over a head tile of 8
     Claim(2, "The flash kernel uses 70 KB of shared memory per thread block.", "70 KB",

@@ -57,8 +57,12 @@ def show_diff(old: str, new: str, context: int = 2) -> None:
 def show_lines(stage_id: str, start: str, end: str | None = None) -> None:
     """Print a kernel file from the first line containing ``start`` up to (not including) ``end``."""
     text = source_of(stage_id).splitlines()
-    i = next(k for k, line in enumerate(text) if start in line)
-    j = next((k for k in range(i + 1, len(text)) if end and end in text[k]), len(text))
+    i = next((k for k, line in enumerate(text) if start in line), None)
+    if i is None:
+        raise ValueError(f"no line containing {start!r} in {stages.get(stage_id).source}")
+    j = next((k for k in range(i + 1, len(text)) if end and end in text[k]), None if end else len(text))
+    if j is None:
+        raise ValueError(f"no line containing {end!r} after {start!r} in {stages.get(stage_id).source}")
     print("\n".join(text[i:j]))
 
 
@@ -212,7 +216,7 @@ def every(values, test) -> bool | None:
     return all(test(v) for v in vals)
 
 
-def verdict(statement: str, holds: bool | None) -> bool | None:
+def verdict(statement: str, holds: bool | None) -> None:
     """Print one conclusion and whether the measurements bear it out.
 
     The line must read the same on any machine the chapter runs on, so it
@@ -221,4 +225,3 @@ def verdict(statement: str, holds: bool | None) -> bool | None:
     measured to decide it) prints as such, never as True.
     """
     print(f"{statement}: {'not measured' if holds is None else bool(holds)}")
-    return holds

@@ -1,0 +1,186 @@
+"""The chapters as a book: conclusions checked in compared cells, predictions before measurements,
+only earlier stages listed, self-contained text; and the helpers the chapters call (chapters.py)."""
+
+import json
+import re
+
+import pytest
+
+from mla_lab import chapters as ch
+from mla_lab import roofline, stages
+from mla_lab.problem import Problem
+
+NOTEBOOKS = sorted(ch.CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
+IGNORED = "NBVAL_IGNORE_OUTPUT"
+COMPARED_SHARE = 0.60
+ARTICLE_LAST_STAGE = "float4"  # the article's path ends here; chapter 00's map lists it
+
+
+def _cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def _code(path):
+    return [c for c in _cells(path) if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+
+
+def _source(cell):
+    return "".join(cell["source"])
+
+
+def _with_output(path):
+    """Code cells that show something: those with stored outputs; in a notebook stored without any
+    outputs (cleared, waiting to be executed on a GPU), every code cell, since each chapter cell prints."""
+    code = _code(path)
+    if not any(c.get("outputs") for c in code):
+        return code
+    return [c for c in code if c.get("outputs")]
+
+
+def _compared(cells):
+    return [c for c in cells if IGNORED not in _source(c) and "NBVAL_SKIP" not in _source(c)]
+
+
+def _number(path) -> int:
+    return int(path.name[:2])
+
+
+def test_there_are_chapters():
+    assert [p.name[:2] for p in NOTEBOOKS][:7] == ["00", "01", "02", "03", "04", "05", "06"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_most_cells_with_output_are_compared(path):
+    cells = _with_output(path)
+    share = len(_compared(cells)) / len(cells)
+    assert share >= COMPARED_SHARE, f"{path.name}: {len(_compared(cells))} of {len(cells)} cells compared"
+
+
+def test_most_cells_with_output_are_compared_over_the_book():
+    cells = [c for p in NOTEBOOKS for c in _with_output(p)]
+    assert len(_compared(cells)) / len(cells) >= COMPARED_SHARE
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_conclusions_are_compared(path):
+    """A cell that prints a verdict is compared: a conclusion that flips must fail nbval."""
+    for c in _code(path):
+        src = _source(c)
+        if "ch.verdict(" in src or "article.verdicts(" in src:
+            assert IGNORED not in src, f"{path.name}: a verdict cell is not compared:\n{src[:300]}"
+
+
+MEASURING = [p for p in NOTEBOOKS if any("results_for(" in _source(c) for c in _code(p))]
+
+
+@pytest.mark.parametrize("path", MEASURING, ids=lambda p: p.stem)
+def test_predict_then_measure(path):
+    """A prediction in numbers (a compared cell that prints one) before the first measurement,
+    and a compared verdict on the measurements after it."""
+    cells = [c for c in _cells(path) if c["cell_type"] == "code"]
+    first = next(i for i, c in enumerate(cells) if "results_for(" in _source(c))
+    before, after = cells[:first], cells[first:]
+    assert any("prediction" in _source(c).lower() and IGNORED not in _source(c) for c in before), \
+        f"{path.name}: no compared cell states a prediction before the first measurement"
+    assert any("ch.verdict(" in _source(c) for c in _compared(after)), \
+        f"{path.name}: no compared verdict after the measurements"
+
+
+def _stage_ids_later_than(path):
+    own = _number(path)
+    allowed = set(ch.stages_upto(ARTICLE_LAST_STAGE)) if own == 0 else {s.id for s in stages.STAGES if s.number <= own}
+    return [s.id for s in stages.STAGES if s.id not in allowed]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_chapter_lists_no_later_stage(path):
+    """A new stage never changes an earlier chapter's stored outputs: no chapter's code names a later
+    stage, and no stored output shows one."""
+    later = _stage_ids_later_than(path)
+    for c in _code(path):
+        src = _source(c)
+        for sid in later:
+            assert not re.search(rf"[\"']{sid}[\"']", src), f"{path.name} names the later stage {sid}:\n{src[:300]}"
+        assert "print_occupancy(" not in src or "stage_ids=" in src, f"{path.name}: an occupancy table of every stage"
+        for out in c.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            for sid in later:
+                assert not re.search(rf"\b{sid}\b", text), f"{path.name}: stored output shows the later stage {sid}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_text_is_self_contained(path):
+    text = path.read_text()
+    for cell in _cells(path):
+        src = _source(cell)
+        assert not re.search(r"\b[Ii]ssue \d", src), f"{path.name}: refers to an issue"
+        assert "workplace" not in src and "/work/" not in src and "shared/" not in src, path.name
+    assert "measured while developing" not in text
+
+
+# ---- the helpers -----------------------------------------------------------------
+
+REC = [
+    dict(stage="a", streams=1, q_len=9, heads=8, prefix=256, page_size=1, scattered=True, us_graph=10.0),
+    dict(stage="b", streams=1, q_len=9, heads=8, prefix=256, page_size=1, scattered=True, us_graph=30.0),
+    dict(stage="a", streams=1, q_len=9, heads=8, prefix=4096, page_size=1, scattered=True, us_graph=20.0),
+    dict(stage="b", streams=1, q_len=9, heads=8, prefix=4096, page_size=1, scattered=True, us_graph=10.0),
+    dict(stage="a", streams=1, q_len=9, heads=64, prefix=4096, page_size=1, scattered=True, unsupported="too big"),
+    dict(stage="b", streams=1, q_len=9, heads=64, prefix=4096, page_size=1, scattered=True, us_graph=10.0),
+]
+
+
+def test_speedups_ratio_and_time():
+    assert ch.speedups(REC, "a", "b") == {(8, 256): 3.0, (8, 4096): 0.5}  # H64: a cannot run there
+    assert ch.speedups(REC, "a", "b", min_prefix=1024) == {(8, 4096): 0.5}
+    assert ch.speedups(REC, "a", "b", heads=64) == {}
+    assert ch.ratio(REC, "a", "b", heads=8, prefix=256) == 3.0
+    assert ch.time_us(REC, "a", heads=64, prefix=4096) is None and ch.time_us(REC, "c", heads=8) is None
+    twice = REC + [dict(REC[0], streams=8), dict(REC[1], streams=8)]
+    with pytest.raises(ValueError, match="narrow them"):
+        ch.speedups(twice, "a", "b")
+    assert ch.speedups(twice, "a", "b", streams=8) == {(8, 256): 3.0}
+
+
+def test_verdicts_never_pass_on_nothing(capsys):
+    assert ch.every({}, lambda x: True) is None and ch.every([], lambda x: True) is None
+    assert ch.every({1: 2.0, 2: 3.0}, lambda x: x > 1) is True and ch.every([2.0, 0.5], lambda x: x > 1) is False
+    ch.verdict("a holds", True)
+    ch.verdict("b holds", ch.every([], lambda x: x > 1))
+    ch.verdict("c holds", False)
+    assert capsys.readouterr().out.splitlines() == ["a holds: True", "b holds: not measured", "c holds: False"]
+
+
+def test_stages_upto():
+    assert ch.stages_upto("triton") == ["triton"]
+    assert ch.stages_upto("per_head") == ["triton", "naive", "flash_ht8", "kv_split", "per_head"]
+    assert ch.stages_upto(stages.STAGES[-1].id) == [s.id for s in stages.STAGES]
+
+
+def test_floor_from_ceilings():
+    p = Problem(streams=1, q_len=9, heads=8, prefix=16384)
+    measured = dict(copy_tbs=4.0, bf16_matmul_tflops=700.0, fp32_matmul_tflops=50.0)
+    spec = roofline.DEVICES["h200"]
+    a = ch.floor_from_ceilings(p, measured, spec)
+    b = roofline.floor(p, spec, bandwidth=4.0e12, matrix_rate=700e12)
+    assert a == b
+    # a GPU the device table lacks: the measured fp32 rate, not another GPU's datasheet
+    c = ch.floor_from_ceilings(p, measured, None)
+    assert c.cuda_core_us == pytest.approx(roofline.flops(p) / 50e12 * 1e6)
+    assert (c.memory_us, c.compute_us) == (a.memory_us, a.compute_us)
+
+
+def test_show_lines_says_when_a_marker_is_gone():
+    with pytest.raises(ValueError, match="no line containing"):
+        ch.show_lines("naive", "no such line in the kernel")
+    with pytest.raises(ValueError, match="no line containing"):
+        ch.show_lines("naive", "__global__", "no such end marker")
+
+
+def test_sass_instruction_mix():
+    if ch.cuobjdump() is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's copy)")
+    mix = ch.sass_instruction_mix("float4", "9.0")
+    assert ch.count_opcodes(mix, "FFMA") > 0 and ch.count_opcodes(mix, "LDG.E.128") > 0
+    assert ch.count_opcodes(mix, "FFMA", "LDG") == ch.count_opcodes(mix, "FFMA") + ch.count_opcodes(mix, "LDG")
+    assert sum(ch.sass_memory_ops("float4", "9.0").values()) <= sum(mix.values())
