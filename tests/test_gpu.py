@@ -16,7 +16,8 @@ from mla_lab.verify import compare, gpu_grid
 
 pytestmark = [needs_gpu, pytest.mark.gpu]
 
-# Issue 3 holds the production baseline to 3e-3, the CUDA stages to 5e-3.
+# Relative L2 error: a correct kernel with bf16 output lands near 2e-3; the production baseline is held
+# to 3e-3, the CUDA stages to 5e-3.
 TOL = {"triton": 3e-3}
 GRID = gpu_grid() if HAS_GPU else []
 
