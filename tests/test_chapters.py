@@ -184,3 +184,18 @@ def test_sass_instruction_mix():
     assert ch.count_opcodes(mix, "FFMA") > 0 and ch.count_opcodes(mix, "LDG.E.128") > 0
     assert ch.count_opcodes(mix, "FFMA", "LDG") == ch.count_opcodes(mix, "FFMA") + ch.count_opcodes(mix, "LDG")
     assert sum(ch.sass_memory_ops("float4", "9.0").values()) <= sum(mix.values())
+
+
+def test_the_product_names_no_issue_and_no_file_outside_it():
+    """Text a reader of the repository can follow: no issue numbers, no paths outside the repository."""
+    root = ch.ROOT
+    files = [root / "README.md"] + [p for d in ("mla_lab", "csrc", "chapters", "tests", "scripts")
+                                    for p in sorted((root / d).rglob("*")) if p.is_file()]
+    me = root / "tests" / "test_chapters.py"
+    for path in files:
+        if path == me or path.suffix not in (".py", ".cu", ".cuh", ".h", ".cpp", ".ipynb", ".md", ".sh", ".cfg"):
+            continue
+        text = path.read_text(errors="replace")
+        assert not re.search(r"\b[Ii]ssue \d", text), f"{path.relative_to(root)} refers to an issue by number"
+        for outside in ("/work/", "shared/anchors", "shared/seed", "this workplace"):
+            assert outside not in text, f"{path.relative_to(root)} names {outside!r}, outside the repository"
