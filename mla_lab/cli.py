@@ -277,6 +277,12 @@ def _bench_text(name: str) -> Callable[[], str]:
     return text
 
 
+def _check_module():
+    from . import check  # its options, texts and run live with the check itself
+
+    return check
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("build", "compile the CUDA extension now (otherwise it is compiled on first use)",
             "Compile every kernel stage of csrc/ into one extension under build/, for this machine's GPU, or "
@@ -322,6 +328,9 @@ COMMANDS: tuple[Command, ...] = (
             "  ncu -k regex:tensor_core --launch-skip 2 --launch-count 1 --section SpeedOfLight \\\n"
             "      mla-lab profile-target tensor_core 1 9 64 16384",
             _profile_target_args, _profile_target),
+    Command("check", "how far to trust the kernels: sanitizers, fuzzing, graph soak, two streams, bad inputs",
+            lambda: _check_module().DESCRIPTION, lambda: _check_module().EXAMPLES,
+            lambda ap: _check_module().add_arguments(ap), lambda args, argv: _check_module().run(args)),
 )
 
 EPILOG = """\

@@ -68,9 +68,18 @@ def table() -> str:
     return "\n".join(lines)
 
 
+TRUST_BEGIN, TRUST_END = "<!-- trust:begin -->", "<!-- trust:end -->"
+
+
 def render(text: str) -> str:
     a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:a] + "\n" + table() + "\n" + text[b:]
+    text = text[:a] + "\n" + table() + "\n" + text[b:]
+    if TRUST_BEGIN in text:  # "How far to trust it": from the recorded `mla-lab check` (mla_lab/check.py)
+        from .check import readme_section
+
+        a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
+        text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
+    return text
 
 
 def main(argv=None) -> int:
@@ -79,7 +88,7 @@ def main(argv=None) -> int:
     new = render(text)
     if "--check" in argv:
         if new != text:
-            print("README.md's stage table is out of date: run `python -m mla_lab.readme`")
+            print("README.md's generated tables are out of date: run `python -m mla_lab.readme`")
             return 1
         return 0
     README.write_text(new)

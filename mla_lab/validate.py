@@ -84,6 +84,12 @@ def check_metadata(q, kv_cache, block_table, kv_lens, scale, out=None, lse=None,
     if lse is not None:
         if lse.shape != (B, T, H) or lse.dtype != torch.float32:
             _fail(f"{name}: lse must be [{B}, {T}, {H}] float32, got {_desc(lse)}")
+    # An output view that maps two elements to one address (a stride of 0, as
+    # expand() makes) would have blocks race to write it: a silent wrong answer.
+    for t, label in ((out, "out"), (lse, "lse")):
+        if t is not None and any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride())):
+            _fail(f"{name}: {label} must not have overlapping elements (a stride of 0 over a size > 1), "
+                  f"got shape {tuple(t.shape)} with strides {t.stride()}")
 
     if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         _fail(f"{name}: scale must be a finite positive number, got {scale!r}")
