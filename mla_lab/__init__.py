@@ -5,7 +5,7 @@ from .reference import reference_attention
 from .stages import STAGES
 
 __all__ = ["DEFAULT_SCALE", "D_QK", "D_V", "Problem", "Workload", "make_workload", "reference_attention",
-           "STAGES", "attention", "verify_attention", "load_ops"]
+           "STAGES", "attention", "verify_attention", "load_ops", "VerifyStep", "VerifySteps"]
 
 
 def __getattr__(name):
@@ -19,4 +19,7 @@ def __getattr__(name):
     if name == "verify_attention":
         from .verify import verify_attention
         return verify_attention
+    if name in ("VerifyStep", "VerifySteps"):  # a verify call captured once per bucket and replayed
+        from . import verify_step
+        return getattr(verify_step, name)
     raise AttributeError(name)

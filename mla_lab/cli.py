@@ -283,6 +283,12 @@ def _check_module():
     return check
 
 
+def _graphs_module():
+    from . import graphs  # chapter 7's measurements: options, texts and run live there
+
+    return graphs
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("build", "compile the CUDA extension now (otherwise it is compiled on first use)",
             "Compile every kernel stage of csrc/ into one extension under build/, for this machine's GPU, or "
@@ -331,6 +337,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("check", "how far to trust the kernels: sanitizers, fuzzing, graph soak, two streams, bad inputs",
             lambda: _check_module().DESCRIPTION, lambda: _check_module().EXAMPLES,
             lambda ap: _check_module().add_arguments(ap), lambda args, argv: _check_module().run(args)),
+    Command("graphs", "chapter 7: launch costs, CUDA graphs per call and per 61-layer model step, defragmentation",
+            lambda: _graphs_module().DESCRIPTION, lambda: "examples:\n" + _graphs_module().EXAMPLES,
+            lambda ap: _graphs_module().add_arguments(ap), lambda args, argv: _graphs_module().run(args, argv)),
 )
 
 EPILOG = """\

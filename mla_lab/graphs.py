@@ -163,10 +163,11 @@ def _kernel_count(fn) -> int | None:
 
         fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return n or None  # none seen: the profiler could not trace the GPU here
     except Exception:  # a profiler that cannot start here: say so rather than guess
         return None
 
@@ -202,15 +203,15 @@ def measure_launch(prefix: int = LAUNCH_PREFIX) -> dict:
             ops.load_ops()
             op = getattr(torch.ops.mla_lab, st.id)
             scale = float(w.scale)
+            ns = ops.default_num_splits(st, w.q, w.kv_cache, w.block_table) if st.splits else 1
             if st.splits:
-                ns = ops.default_num_splits(st, w.q, w.kv_cache, w.block_table)
-
                 def bare(op=op, ns=ns):
                     op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, ns, out, lse)
             else:
                 def bare(op=op):
                     op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
-            launches, what = (2, "the op: main kernel + combine") if st.splits else (1, "the op: one kernel")
+            launches = len(st.launches(1, Q_LEN, HEADS, w.block_table.shape[1], w.kv_cache.shape[1], ns))
+            what = f"the op: {launches} kernel{'s' if launches > 1 else ''}"
         bare_us, bare_busy = host_us(bare)
         given_us, given_busy = host_us(lambda st=st: ops.attention(st, *w.args(), out=out, lse=lse, check=False))
         alloc_us, alloc_busy = host_us(lambda st=st: ops.attention(st, *w.args(), check=False))
@@ -537,64 +538,127 @@ def source() -> str:
     return f"{describe(rec)}; no GPU here" if rec else "no GPU here and nothing recorded by `mla-lab graphs` yet"
 
 
-def print_launch(r: dict) -> None:
+def _label(stage: str, only=None, alias=None) -> str | None:
+    """How a table names ``stage``: its alias, itself if shown, else None (left out)."""
+    if alias and stage in alias:
+        return alias[stage]
+    return stage if only is None or stage in only else None
+
+
+def print_launch(r: dict, only=None) -> None:
     print(f"host time per call, GPU kept busy (one stream, q_len {r['q_len']}, {r['heads']} heads, "
           f"prefix {r['prefix']}); a tiny torch op (torch.add, 16 floats): {r['tiny_op_us']:.1f} us")
     print(f"{'stage':<13} {'launches':>8} {'bare us':>8} {'attention us':>12} {'+ outputs us':>12} "
           f"{'overhead us':>11} {'+ outputs':>9}")
     for x in r["rows"]:
+        if _label(x["stage"], only) is None:
+            continue
         flag = "" if x["busy"] else "   (the GPU ran dry: an upper bound)"
         print(f"{x['stage']:<13} {x['launches']:>8} {x['bare_us']:>8.1f} {x['attention_us']:>12.1f} "
               f"{x['attention_alloc_us']:>12.1f} {x['overhead_us']:>11.1f} {x['alloc_overhead_us']:>9.1f}{flag}")
 
 
-def print_loop(rows: list[dict]) -> None:
+def print_loop(rows: list[dict], only=None, alias=None) -> None:
     print(f"{'stage':<13} {'prefix':>6} {'eager us/call':>13} {'61 captured us/call':>19} {'ratio':>6}")
     for x in rows:
-        print(f"{x['stage']:<13} {x['prefix']:>6} {x['eager_us']:>13.1f} {x['graph_us']:>19.1f} "
-              f"{x['eager_us'] / x['graph_us']:>5.1f}x")
+        name = _label(x["stage"], only, alias)
+        if name is not None:
+            print(f"{name:<13} {x['prefix']:>6} {x['eager_us']:>13.1f} {x['graph_us']:>19.1f} "
+                  f"{x['eager_us'] / x['graph_us']:>5.1f}x")
 
 
-def print_steps(r: dict) -> None:
+def print_steps(r: dict, only=None, alias=None) -> None:
     print(f"{'stage':<13} {'prefix':>6} {'eager ms':>9} {'captured ms':>11} {'graphs gain':>11}")
     for x in r["rows"]:
-        print(f"{x['stage']:<13} {x['prefix']:>6} {x['eager_us'] / 1e3:>9.2f} {x['graph_us'] / 1e3:>11.2f} "
-              f"{x['eager_us'] / x['graph_us']:>10.2f}x")
+        name = _label(x["stage"], only, alias)
+        if name is not None:
+            print(f"{name:<13} {x['prefix']:>6} {x['eager_us'] / 1e3:>9.2f} {x['graph_us'] / 1e3:>11.2f} "
+                  f"{x['eager_us'] / x['graph_us']:>10.2f}x")
+
+
+def step_stages_of(r: dict) -> list[str]:
+    """The stages of a ``steps`` section, in the order they were measured."""
+    return list(dict.fromkeys(x["stage"] for x in r["rows"]))
 
 
 def step_row(r: dict, stage: str, prefix: int) -> dict | None:
     return next((x for x in r["rows"] if x["stage"] == stage and x["prefix"] == prefix), None)
 
 
-def print_claim(r: dict, best: str) -> None:
+def print_claim(r: dict, best: str, alias=None) -> None:
     """The article's end-to-end claim: captured steps, the baseline over each stage."""
+    shown = list(dict.fromkeys([BASELINE, ARTICLE_STAGE, best]))
+    names = [_label(s, None, alias) for s in shown]
     print(f"61-layer step, captured, one stream, q_len {r['q_len']}, {r['heads']} heads per rank:")
-    print(f"{'prefix':>6} " + "".join(f"{s + ' ms':>16}" for s in (BASELINE, ARTICLE_STAGE, best))
-          + "".join(f"{BASELINE + '/' + s:>18}" for s in (ARTICLE_STAGE, best)))
+    print(f"{'prefix':>6} " + "".join(f"{n + ' ms':>16}" for n in names)
+          + "".join(f"{BASELINE + '/' + n:>18}" for n in names[1:]))
     for prefix in sorted({x["prefix"] for x in r["rows"]}):
-        rows = [step_row(r, s, prefix) for s in (BASELINE, ARTICLE_STAGE, best)]
+        rows = [step_row(r, s, prefix) for s in shown]
         line = f"{prefix:>6} " + "".join(f"{x['graph_us'] / 1e3:>16.2f}" if x else f"{'-':>16}" for x in rows)
         for x in rows[1:]:
             line += f"{rows[0]['graph_us'] / x['graph_us']:>17.2f}x" if x and rows[0] else f"{'-':>18}"
         print(line)
 
 
-def print_verify_step(rows: list[dict]) -> None:
+def print_verify_step(rows: list[dict], only=None) -> None:
     print(f"{'stage':<13} {'splits':>6} {'replays':>7}  replay == eager, bit for bit   padded streams NaN")
     for x in rows:
-        print(f"{x['stage']:<13} {x['num_splits']:>6} {x['replays']:>7}  {str(x['bit_equal']):<30} "
-              f"{x['padded_nan']}")
+        if _label(x["stage"], only) is not None:
+            print(f"{x['stage']:<13} {x['num_splits']:>6} {x['replays']:>7}  {str(x['bit_equal']):<30} "
+                  f"{x['padded_nan']}")
 
 
-def print_defrag(r: dict) -> None:
+def print_defrag(r: dict, only=None, alias=None) -> None:
     print(f"prefix {r['prefix']}, pages of {r['page_size']} token, {r['layers']} layers: defragmentation moved "
           f"{r['moved_pages']} pages per layer ({r['moved_bytes'] / 1e9:.2f} GB in all) in "
           f"{r['defrag_us'] / 1e3:.1f} ms (host planning included)")
     print(f"{'stage':<13} {'kernel us before':>16} {'after':>8} {'step ms before':>14} {'after':>8}  same output")
     for s in r["kernel_us_before"]:
-        print(f"{s:<13} {r['kernel_us_before'][s]:>16.1f} {r['kernel_us_after'][s]:>8.1f} "
-              f"{r['step_us_before'][s] / 1e3:>14.2f} {r['step_us_after'][s] / 1e3:>8.2f}  "
-              f"kernel {r['kernel_same_output'][s]}, step {r['step_same_output'][s]}")
+        name = _label(s, only, alias)
+        if name is not None:
+            print(f"{name:<13} {r['kernel_us_before'][s]:>16.1f} {r['kernel_us_after'][s]:>8.1f} "
+                  f"{r['step_us_before'][s] / 1e3:>14.2f} {r['step_us_after'][s] / 1e3:>8.2f}  "
+                  f"kernel {r['kernel_same_output'][s]}, step {r['step_same_output'][s]}")
+
+
+def readme_section() -> str:
+    """The README's end-to-end lines, from the latest record of `mla-lab graphs`."""
+    rec = load()
+    if rec is None:
+        return "No end-to-end results recorded yet: run `mla-lab graphs` on a GPU."
+    lines = []
+    steps, best = rec.get("steps"), (rec.get("best") or {}).get("best")
+    if steps and best:
+        shown = list(dict.fromkeys([BASELINE, ARTICLE_STAGE, best]))
+        prefixes = sorted({x["prefix"] for x in steps["rows"]})
+        head = ["stage"] + [f"prefix {p // 1024}k ms" for p in prefixes] + ["vs Triton (16k)", "graphs gain (1k)"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for s in shown:
+            cells = [f"`{s}`" + (" (fastest)" if s == best else "")]
+            for p in prefixes:
+                x = step_row(steps, s, p)
+                cells.append(f"{x['graph_us'] / 1e3:.2f}" if x else "—")
+            t, x = step_row(steps, BASELINE, 16384), step_row(steps, s, 16384)
+            cells.append(f"{t['graph_us'] / x['graph_us']:.2f}x" if t and x else "—")
+            g = step_row(steps, s, 1024)
+            cells.append(f"{g['eager_us'] / g['graph_us']:.2f}x" if g else "—")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    facts = []
+    launch = rec.get("launch")
+    if launch:
+        cuda = [r["overhead_us"] for r in launch["rows"] if r["stage"] != BASELINE]
+        tri = [r["overhead_us"] for r in launch["rows"] if r["stage"] == BASELINE]
+        facts.append(f"`attention(check=False)` adds at most {max(cuda):.1f} µs of host time to the bare op "
+                     f"(CUDA stages) and {max(tri):.1f} µs to Triton's launcher, at prefix {launch['prefix']}")
+    vs = rec.get("verify_step")
+    if vs:
+        facts.append(f"a `VerifyStep` replay equals the eager call bit for bit for "
+                     f"{sum(r['bit_equal'] for r in vs)} of {len(vs)} stages")
+    lines.append("The 61-layer MLA verify step at Kimi K2.x TP8 sizes (no MoE), captured in one CUDA graph, one "
+                 "stream, `q_len` 9, 8 heads per rank, pages of one token at scattered ids" +
+                 ("; " + "; ".join(facts) if facts else "") + f". {describe(rec)[0].upper() + describe(rec)[1:]}.")
+    return "\n".join(lines)
 
 
 # ---- the command -----------------------------------------------------------------------------

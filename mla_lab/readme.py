@@ -14,6 +14,7 @@ from .extension import ROOT
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- stage-table:begin -->", "<!-- stage-table:end -->"
+GRAPHS_BEGIN, GRAPHS_END = "<!-- graphs-table:begin -->", "<!-- graphs-table:end -->"
 # (streams, q_len, heads, prefix) columns of recorded graph-replay times
 COLUMNS = ((1, 9, 8, 16384), (1, 9, 8, 65536), (1, 9, 64, 16384))
 
@@ -79,6 +80,11 @@ def render(text: str) -> str:
 
         a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
         text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
+    if GRAPHS_BEGIN in text:  # end to end: from the recorded `mla-lab graphs` (mla_lab/graphs.py)
+        from .graphs import readme_section as graphs_section
+
+        a, b = text.index(GRAPHS_BEGIN) + len(GRAPHS_BEGIN), text.index(GRAPHS_END)
+        text = text[:a] + "\n" + graphs_section() + "\n" + text[b:]
     return text
 
 

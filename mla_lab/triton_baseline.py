@@ -181,10 +181,11 @@ def _split_kv_stage1(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    # An empty split (start >= end) leaves l_i = 0: it writes lse = -inf
-    # (log 0 = -inf) and zeros, and stage 2 skips it by its lse.
+    # An empty split (start >= end) leaves m_i = -inf and l_i = 0: it writes
+    # lse = -inf + log 1 = -inf and zeros, and stage 2 skips it by its lse.  A
+    # NaN score (a bad page) has made l_i NaN, and log keeps it: lse = NaN.
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
-    lse = m_i + tl.log(l_i)
+    lse = m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i))
     wo = (ws_out_ptr + row64 * stride_wo_row + offs_h[:, None].to(tl.int64) * stride_wo_head
           + split * stride_wo_split + offs_d[None, :])
     tl.store(wo, acc / safe_l[:, None], mask=mask_h[:, None])

@@ -17,10 +17,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OUT_TOL = 5e-3  # relative L2 error of bf16 out; bf16 rounding alone lands near 2e-3
 LSE_TOL = 1e-2  # absolute error of lse
 
-# An empty split writes lse = log(0) = -inf on purpose; numpy, which runs the
-# interpreter, warns about that log.
-pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+# The defences compute with NaN on purpose (a bad page's score); numpy, which
+# runs the interpreter, may warn about it.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 
 def assert_matches(workload, out, lse):
