@@ -60,6 +60,7 @@ struct MlaParams {
   void* scratch_ctx;
   int* plan;  // stage 10: the scheduler's plan (see stage10_hopper.cu)
   int pdl;    // stage 10: 1 to overlap each launch with the previous one (programmatic dependent launch)
+  float* debug;  // stage 10 built with -DMLA_HOPPER_DEBUG only: where it copies its first tile's products
 };
 
 // What a launcher would launch, so Python can check its own arithmetic.

@@ -24,6 +24,8 @@
 #include "mla_device.cuh"
 #include "sm90_ptx.cuh"
 
+#include <algorithm>
+
 namespace mla {
 namespace {
 
@@ -42,6 +44,7 @@ constexpr int kMinTilesPerBlock = 2;             // a share smaller than this co
 constexpr int kThreads = 384;                    // loader warpgroup + two compute warpgroups
 constexpr int kLoaderRegs = 40, kComputeRegs = 232;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the softmax reference before it moves
 
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
@@ -56,12 +59,36 @@ constexpr int kOffL = kOffM + 2 * 2 * kPairsPerGroup * 4; // running column sums
 constexpr int kOffBars = kOffL + 2 * 4 * kPairsPerGroup * 4;
 constexpr int kSmemBytes = kOffBars + 2 * kRing * 8 + 1024;  // + slack to align the base
 
+// A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
+// of block 0 copies its first tile's S^T, P and O^T (fragment by fragment, at
+// their matrix positions) to p.debug, so a test can check each product alone.
+#ifdef MLA_HOPPER_DEBUG
+#define MLA_DEBUG_DUMP(offset, value_of)                                                       \
+  if (p.debug && blockIdx.x == 0 && group == 0 && tile == t0 && debug_first) {                 \
+    for (int r = 0; r < 20; ++r) {                                                             \
+      const int row = 16 * warp + g + (r & 2 ? 8 : 0), col = 8 * (r / 4) + c + (r & 1);       \
+      value_of                                                                                 \
+    }                                                                                          \
+  }
+#else
+#define MLA_DEBUG_DUMP(offset, value_of)
+#endif
+
+// A tile's chunks go through the ring RoPE first: position 0 holds dims
+// 512..575 (only the scores need them), positions 1..8 hold V's dims 0..511.
+// The ring hands slots out in order, and this is the order they come back:
+// the RoPE chunk right after the scores, the V chunks one by one during P V.
+// So the next tile's last chunks, which wait for this tile's first slots,
+// start loading as early as possible.
+__host__ __device__ constexpr int dims_of(int position) { return position == 0 ? kChunks - 1 : position - 1; }
+
 // The plan the scheduler writes (int32 words of p.plan):
 //   [0] W, the key tiles of all units; [1] blocks that get a share;
 //   [2] units cut between blocks; [3 .. 3 + units] each unit's first tile in
 //   the order of all tiles (exclusive prefix sum; the last word is W);
 //   then 3 words per cut unit: (unit, first block, last block).
 constexpr int kPlanHeader = 3;
+constexpr int kMaxSplitsHere = 256;  // the op's limit on num_splits: the most pieces a unit can be cut into
 
 struct Shape {
   int pairs;   // q_len * heads: (row, head) pairs of a stream, head fastest
@@ -222,7 +249,8 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
           if (poisoned)
             st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
           else
-            cp_async16(dst, zero ? (const void*)p.kv : (const void*)(row + j * kChunkDims + c16 * 8), zero ? 0 : 16);
+            cp_async16(dst, zero ? (const void*)p.kv : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8),
+                       zero ? 0 : 16);
         }
         cp_async_commit();
         if (seq >= kLag) {  // chunk seq - kLag has landed: publish it
@@ -249,6 +277,15 @@ __device__ void pass_chunks(const int* off, Cursor cur, uint64_t* empty, uint64_
     }
 }
 
+// Wait until at most kPending wgmma groups are in flight, then (one lane per
+// warp) give the ring slot whose products just finished back to the loader.
+template <int kPending>
+__device__ __forceinline__ void release_after(uint64_t* empty, int slot, int lane) {
+  wgmma_wait<kPending>();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(&empty[slot % kRing]);
+}
+
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
 __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
                         uint64_t* full, uint64_t* empty, int group, int cta) {
@@ -258,6 +295,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
   const uint32_t ring = smem_addr(smem + kOffRing);
   const uint32_t q_s = smem_addr(smem + kOffQ + group * kQBytes);
   const uint32_t p_s = smem_addr(smem + kOffP + group * kPBytes);
+  // Descriptors of the three operand regions; a chunk or k-step is an offset
+  // (in 16-byte units) added to the start-address field.
+  const uint64_t ring_desc = sw128_desc(ring, 1024), q_desc = sw128_desc(q_s, 1024), p_desc = sw128_desc(p_s, 1024);
   float* col_max = reinterpret_cast<float*>(smem + kOffMax) + group * 2 * 4 * kPairsPerGroup;
   int* vis_s = reinterpret_cast<int*>(smem + kOffVis) + group * kPairsPerGroup;
   // The running max of a column is the same in every lane, and its running sum
@@ -270,6 +310,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
 
   int seq = 0;
   int parity_buf = 0;
+#ifdef MLA_HOPPER_DEBUG
+  bool debug_first = true;
+#endif
   int u, t0, t1;
   while (cur.next(off, u, t0, t1)) {
     const int b = u / sh.groups, grp = u % sh.groups;
@@ -311,23 +354,25 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
     for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
       // 1. S^T[64 keys, 40 pairs] = K Q^T over the 9 chunks, 4 k-steps each.
       float s[20];  // the first wgmma overwrites it (scale-d 0)
-      // Wait for the whole tile first: a wait between two wgmmas that add into
-      // the same registers makes ptxas fence them (and the loader runs ahead).
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) mbar_wait(&full[(seq + j) % kRing], ((seq + j) / kRing) & 1);
+      // Each chunk's four k-steps start as soon as that chunk has landed.  The
+      // slot and phase of chunk seq + j follow from those of chunk seq.
+      const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        const uint32_t a = ring + ((seq + j) % kRing) * kChunkBytes, bq = q_s + j * (kPairsPerGroup * 128);
+        const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
+        mbar_wait(&full[slot], phase0 ^ wrap);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          wgmma_m64n40k16<0>(s, sw128_desc(a + 32 * ks, 1024), sw128_desc(bq + 32 * ks, 1024), j | ks);
+          wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
+                             q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
       }
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(s);
+      MLA_DEBUG_DUMP(0, p.debug[row * kPairsPerGroup + col] = s[r];)
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[(seq + kChunks - 1) % kRing]);  // the RoPE chunk is done
+      if (lane == 0) mbar_arrive(&empty[slot0]);  // the RoPE chunk (position 0) is done
 
       // 2. Online softmax down each column (a pair), over this tile's 64 keys:
       //    the column max of this warp's 16 keys by shuffles, of all 64 through
@@ -352,11 +397,32 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
         }
       named_barrier(bar_id, 128);
 
-      // 3. Per column: new max, P = exp2(s - max) (rounded to bf16 for the
-      //    tensor cores), the sum, the rescale of what earlier tiles added, and
-      //    P^T to shared memory: row n = pair n, its 64 keys in one swizzled
-      //    128-byte row, written by stmatrix straight from the fragments.
+      // 3. Per column: the reference max, P = exp2(s - reference) (rounded to
+      //    bf16 for the tensor cores), the sum, and P^T to shared memory: row
+      //    n = pair n, its 64 keys in one swizzled 128-byte row, written by
+      //    stmatrix straight from the fragments.
+      //    The reference moves only when a score passes it by more than
+      //    kRescaleLog2 (a factor 256): P then stays below 256, far from any
+      //    overflow, and the 160 multiplies that rescale O^T and the sums are
+      //    skipped on every tile where no column of the warp moved, which
+      //    after the first tiles is nearly all of them.
       {
+        auto column = [&](int col, float& m_old, float& m_use) {
+          const float t = fmaxf(fmaxf(cm[col], cm[kPairsPerGroup + col]),
+                                fmaxf(cm[2 * kPairsPerGroup + col], cm[3 * kPairsPerGroup + col]));
+          m_old = m_s[m_buf * kPairsPerGroup + col];
+          const bool move = t > m_old + kRescaleLog2;  // false while no key is seen (t = -inf)
+          const float m_ref = move ? t : m_old;
+          m_use = m_ref == -CUDART_INF_F ? 0.f : m_ref;  // no key seen yet: keep exp2 finite
+          return move;
+        };
+        bool any_move = false;
+#pragma unroll
+        for (int k = 0; k < 10; ++k) {
+          float m_old, m_use;
+          any_move |= column(8 * (k / 2) + c + k % 2, m_old, m_use);
+        }
+        const bool rescale = __any_sync(0xffffffffu, any_move);
         const int mat = (lane / 8) % 2, r = lane % 8;
 #pragma unroll
         for (int i = 0; i < 5; ++i) {
@@ -364,13 +430,10 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = 8 * i + c + e;
-            const float t = fmaxf(fmaxf(cm[col], cm[kPairsPerGroup + col]),
-                                  fmaxf(cm[2 * kPairsPerGroup + col], cm[3 * kPairsPerGroup + col]));
-            const float m_old = m_s[m_buf * kPairsPerGroup + col];
-            const float m_new = fmaxf(m_old, t);
-            const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key seen yet: keep exp2 finite
-            const float alpha = exp2f(m_old - m_use);
-            if (warp == 0 && g == 0) m_s[(m_buf ^ 1) * kPairsPerGroup + col] = m_new;
+            float m_old, m_use;
+            const bool move = column(col, m_old, m_use);
+            const float alpha = move ? exp2f(m_old - m_use) : 1.f;
+            if (warp == 0 && g == 0) m_s[(m_buf ^ 1) * kPairsPerGroup + col] = move ? m_use : m_old;
             pv[e] = exp2f(s[4 * i + e] - m_use);
             pv[2 + e] = exp2f(s[4 * i + 2 + e] - m_use);
             float sum = pv[e] + pv[2 + e];
@@ -378,10 +441,12 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
             sum += __shfl_xor_sync(0xffffffffu, sum, 8);
             sum += __shfl_xor_sync(0xffffffffu, sum, 16);
             if (g == 0) l_s[col] = l_s[col] * alpha + sum;
+            if (rescale) {
 #pragma unroll
-            for (int j = 0; j < kVChunks; ++j) {
-              o[j][4 * i + e] *= alpha;
-              o[j][4 * i + 2 + e] *= alpha;
+              for (int j = 0; j < kVChunks; ++j) {
+                o[j][4 * i + e] *= alpha;
+                o[j][4 * i + 2 + e] *= alpha;
+              }
             }
           }
           const int n = 8 * i + r, chunk = 2 * warp + mat;
@@ -392,8 +457,18 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       m_buf ^= 1;
       fence_proxy_async();
       named_barrier(bar_id, 128);
+#ifdef MLA_HOPPER_DEBUG
+      if (p.debug && blockIdx.x == 0 && group == 0 && tile == t0 && debug_first)  // P^T as stored, unswizzled
+        for (int i = tid; i < kPairsPerGroup * 64; i += 128) {
+          const int n = i / 64, key = i % 64;
+          const unsigned char* row = smem + kOffP + n * 128;
+          const bf16 v = *reinterpret_cast<const bf16*>(row + ((((key / 8) ^ (n & 7)) << 4) | ((key % 8) * 2)));
+          p.debug[64 * kPairsPerGroup + key * kPairsPerGroup + n] = __bfloat162float(v);
+        }
+#endif
 
-      // 4. O^T[dims, pairs] += V^T P^T: V^T is the tile's chunk j read MN-major.
+      // 4. O^T[dims, pairs] += V^T P^T: dims 64j .. 64j+63 of V^T are the chunk at
+      //    position j + 1, read MN-major.
       //    (The rescale above must be done before the wgmmas read O: pinning the
       //    accumulators here keeps the compiler from sinking it past the fence.)
 #pragma unroll
@@ -401,18 +476,29 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) {
-        const uint32_t a = ring + ((seq + j) % kRing) * kChunkBytes;
+        const int slot = (slot0 + 1 + j) % kRing;
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          wgmma_m64n40k16<1>(o[j], sw128_desc(a + 2048 * ks, 1024), sw128_desc(p_s + 32 * ks, 1024), 1);
+          wgmma_m64n40k16<1>(o[j], ring_desc + ((slot * kChunkBytes + 2048 * ks) >> 4), p_desc + ((32 * ks) >> 4), 1);
+        wgmma_commit();  // one group per dim tile, so its chunk can go back first
       }
-      wgmma_commit();
-      wgmma_wait<0>();
+      // Hand each chunk back to the loader as soon as its products are done: the
+      // next tile's last chunks wait for exactly these slots.
+      release_after<7>(empty, slot0 + 1, lane);
+      release_after<6>(empty, slot0 + 2, lane);
+      release_after<5>(empty, slot0 + 3, lane);
+      release_after<4>(empty, slot0 + 4, lane);
+      release_after<3>(empty, slot0 + 5, lane);
+      release_after<2>(empty, slot0 + 6, lane);
+      release_after<1>(empty, slot0 + 7, lane);
+      release_after<0>(empty, slot0 + 8, lane);
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
-      __syncwarp();
-      if (lane == 0)
-        for (int j = 0; j < kVChunks; ++j) mbar_arrive(&empty[(seq + j) % kRing]);
+      MLA_DEBUG_DUMP(0, for (int j = 0; j < kVChunks; ++j)
+                            p.debug[2 * 64 * kPairsPerGroup + (64 * j + row) * kPairsPerGroup + col] = o[j][r];)
+#ifdef MLA_HOPPER_DEBUG
+      debug_first = false;
+#endif
     }
 
     // 5. A column's sum is the sum of its four warps' sums.
@@ -460,8 +546,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
 __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) {
 #if MLA_SM90A
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  // Align to 1024 by pointer arithmetic on smem_raw itself, so the compiler still
+  // knows every pointer below is shared memory (LDS/STS, not generic loads).
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBars);
   uint64_t* empty = full + kRing;
   // The warpgroup, read through a shuffle so the compiler knows it is the same
@@ -505,57 +592,81 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 
 // ---- the combine kernel: merge the partials of each cut unit --------------------------
 
-constexpr int kCombineThreads = 128;  // x 4 dims = 512
+// A block merges one pair of one cut unit: its 256 threads first turn each
+// piece's lse into a weight (one piece per thread), then four groups of 64
+// threads each add a quarter of the pieces over the 512 dims (8 per thread),
+// with eight loads in flight, and shared memory adds the four sums.  A unit of
+// one stream at 8 heads is cut into a piece per block of the grid, so this is
+// up to 256 pieces; done one after another by one thread, their round trips to
+// L2 would cost more than the main kernel.
+constexpr int kCombineThreads = 256;
 
 __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
 #if MLA_SM90A
   wait_for_previous_grid();
-  const int n = blockIdx.x, k = blockIdx.y, tid = threadIdx.x;
+  const int local = blockIdx.x, k = blockIdx.y, tid = threadIdx.x;  // pair within the unit's 80; cut unit
   const int n_cut = p.plan[2];
   if (k >= n_cut) return;
   const Shape sh = shape_of(p);
   const int W = p.plan[0], C = p.plan[1];
   const int* off = p.plan + kPlanHeader;
   const int* cut = off + sh.units + 1 + 3 * k;
-  const int u = cut[0], c0 = cut[1], c1 = cut[2];
+  const int u = cut[0], c0 = cut[1], pieces = cut[2] - cut[1] + 1;
   const int b = u / sh.groups, grp = u % sh.groups;
-  const int local = n;  // pair within the unit's 80
   const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
   const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
   const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
   if (in_group >= n_group) return;
   const int pr = pair0 + in_group, t = pr / p.num_heads, h = pr % p.num_heads;
+  // Piece i came from block c0 + i, which wrote it to slot 1 if the unit was
+  // not the first of its share (only the first block can be in that case).
+  const bool first_in_slot1 = share_start(c0, W, C) < off[u];
+  auto row_of = [&](int i) { return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local; };
 
-  auto row_of = [&](int cta) {  // the partial slot block `cta` wrote for unit u
-    const int slot = (cta == c0 && share_start(cta, W, C) < off[u]) ? 1 : 0;
-    return ((int64_t)cta * 2 + slot) * kPairsPerBlock + local;
-  };
-  float mx = -CUDART_INF_F;
-  for (int cta = c0; cta <= c1; ++cta) mx = fmaxf(mx, p.lse_partial[row_of(cta)]);
-  float weight_sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int cta = c0; cta <= c1; ++cta) {
-    const int64_t row = row_of(cta);
-    const float ls = p.lse_partial[row];
-    if (ls == -CUDART_INF_F) continue;
-    const float w = __expf(ls - mx);
-    const float4 v = reinterpret_cast<const float4*>(p.o_partial + row * kDimV)[tid];
-    weight_sum += w;
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
+  __shared__ float weight[kMaxSplitsHere];
+  __shared__ float4 part[3][kDimV / 8 * 2];
+  const float ls = tid < pieces ? p.lse_partial[row_of(tid)] : -CUDART_INF_F;
+  const float mx = block_max<kCombineThreads>(ls);
+  const float w = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);  // an empty piece weighs nothing
+  if (tid < pieces) weight[tid] = w;
+  const float weight_sum = block_sum<kCombineThreads>(w);  // its barriers also publish weight[]
+
+  const int quarter = tid / 64, d8 = tid % 64;  // this thread: pieces quarter, quarter + 4, ...; dims 8 d8 ..
+  float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+#pragma unroll 8
+  for (int i = quarter; i < pieces; i += 4) {
+    const float wi = weight[i];
+    if (wi == 0.f) continue;
+    const float4* src = reinterpret_cast<const float4*>(p.o_partial + row_of(i) * kDimV) + 2 * d8;
+    const float4 a = src[0], c = src[1];
+    acc0.x += wi * a.x; acc0.y += wi * a.y; acc0.z += wi * a.z; acc0.w += wi * a.w;
+    acc1.x += wi * c.x; acc1.y += wi * c.y; acc1.z += wi * c.z; acc1.w += wi * c.w;
   }
-  const float inv = 1.f / weight_sum;
-  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out_head(p, b, t, h) + 4 * tid);
-  o[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-  o[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
-  if (tid == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
+  if (quarter > 0) {
+    part[quarter - 1][2 * d8] = acc0;
+    part[quarter - 1][2 * d8 + 1] = acc1;
+  }
+  __syncthreads();
+  if (quarter == 0) {
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const float4 a = part[q][2 * d8], c = part[q][2 * d8 + 1];
+      acc0.x += a.x; acc0.y += a.y; acc0.z += a.z; acc0.w += a.w;
+      acc1.x += c.x; acc1.y += c.y; acc1.z += c.z; acc1.w += c.w;
+    }
+    const float inv = 1.f / weight_sum;
+    uint4 packed;
+    packed.x = pack_bf16x2(acc0.x * inv, acc0.y * inv);
+    packed.y = pack_bf16x2(acc0.z * inv, acc0.w * inv);
+    packed.z = pack_bf16x2(acc1.x * inv, acc1.y * inv);
+    packed.w = pack_bf16x2(acc1.z * inv, acc1.w * inv);
+    *reinterpret_cast<uint4*>(out_head(p, b, t, h) + 8 * d8) = packed;
+    if (tid == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
+  }
 #else
   __trap();
 #endif
 }
-
 
 // Launch with programmatic dependent launch when asked and the driver allows
 // it, else plainly.
@@ -581,9 +692,10 @@ cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cud
 
 LaunchGeometry plan_geometry(const MlaParams&) { return {dim3(1), dim3(kPlanThreads), 0}; }
 LaunchGeometry main_geometry(const MlaParams& p) { return {dim3(p.num_splits), dim3(kThreads), kSmemBytes}; }
-// One block per (pair of a unit, cut unit); there are at most num_splits cut units.
+// One block per (pair of a unit, cut unit).  At most one unit per block boundary
+// is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
-  return {dim3(kPairsPerBlock, p.num_splits), dim3(kCombineThreads), 0};
+  return {dim3(kPairsPerBlock, std::min(p.num_splits, shape_of(p).units)), dim3(kCombineThreads), 0};
 }
 
 }  // namespace

@@ -405,7 +405,7 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
     """
     st = _stages.get("hopper")
     pairs = q_len * heads
-    groups = -(-pairs // _stages.HOPPER_PAIRS_PER_BLOCK)
+    groups = _stages.hopper_groups(q_len, heads)
     per_group = -(-pairs // groups)
     offsets, run = [], 0
     for L in (int(x) for x in kv_lens):
@@ -416,6 +416,9 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
     offsets.append(run)
     blocks = 0 if run == 0 else min(max_blocks, -(-run // _stages.HOPPER_MIN_TILES_PER_BLOCK))
     return HopperPlan(groups, per_group, tuple(offsets), blocks)
+
+
+HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this
 
 
 def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):
@@ -458,9 +461,12 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
                 kv = _kv_rows(w, b, keys, tr)
                 s_ = (q @ kv.T) * (w.scale * log2e)
                 s_ = s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf)
-                m_new = torch.maximum(m, s_.max(-1).values)
+                # the reference max m moves only when a score passes it by more than 2^8
+                t = s_.max(-1).values
+                move = t > m + HOPPER_RESCALE_LOG2
+                m_new = torch.where(move, t, m)
                 m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-                alpha = torch.exp2(m - m_use)
+                alpha = torch.where(move, torch.exp2(m - m_use), torch.ones_like(m))
                 p_ = torch.exp2(s_ - m_use[:, None])
                 l = l * alpha + p_.sum(-1)
                 p_v = p_.bfloat16().float() if round_p else p_

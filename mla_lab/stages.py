@@ -130,7 +130,8 @@ class Stage:
             plan, main, combine = HOPPER_KERNELS
             return [Launch(plan, (1, 1, 1), (HOPPER_PLAN_THREADS, 1, 1), 0),
                     Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
-                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK, splits, 1), (COMBINE_THREADS, 1, 1), 0)]
+                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK, min(splits, streams * hopper_groups(q_len, heads)), 1),
+                           (HOPPER_COMBINE_THREADS, 1, 1), 0)]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -145,12 +146,18 @@ COMBINE_THREADS = 128
 # each; a ring of 15 chunks of a 64-key tile (64 keys x 64 dims, 8 KB each);
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
 # softmax exchange words; 30 mbarriers; 1 KB to align the base to 1024 bytes.
+def hopper_groups(q_len: int, heads: int) -> int:
+    """Stage 10's pair groups per stream: its (row, head) pairs in blocks of at most 80."""
+    return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
+
+
 HOPPER_KERNELS = ("hopper_plan_kernel", "hopper_kernel", "hopper_combine_kernel")
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
 HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
 HOPPER_PLAN_THREADS = 256
+HOPPER_COMBINE_THREADS = 256
 HOPPER_MIN_TILES_PER_BLOCK = 2
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring
                      + 2 * (D_QK // 64) * HOPPER_PAIRS_PER_GROUP * 128          # Q^T, per warpgroup

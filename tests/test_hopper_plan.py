@@ -1,0 +1,81 @@
+"""Stage 10's scheduler, on the CPU: how the key tiles of all streams are shared among the blocks."""
+
+import random
+
+import pytest
+
+from mla_lab import stages
+from mla_lab.models import hopper_plan
+
+K = stages.HOPPER_KEYS_PER_TILE
+
+
+def covered(plan):
+    """Every (unit, tile) as the blocks' shares list it, in order."""
+    return [(u, t) for c in range(plan.blocks) for u, t0, t1 in plan.share(c) for t in range(t0, t1)]
+
+
+CASES = [
+    ([1033], 9, 8, 132),                 # one stream of the article's shape: 17 tiles, 9 blocks of 2
+    ([65545], 9, 8, 132),                # 1025 tiles over 132 blocks
+    ([16393] * 8, 9, 64, 132),           # 8 streams x 8 groups of 72 pairs
+    ([65545] + [521] * 7, 9, 8, 132),    # one long stream among short ones
+    ([1, 64, 65, 128, 129], 1, 1, 7),    # lengths at tile boundaries, one pair per stream
+    ([5, 3, 70000], 5, 17, 256),         # 85 pairs: two groups of 43 and 42
+    ([16, 16], 16, 128, 3),              # 2048 pairs: 26 groups per stream
+]
+
+
+@pytest.mark.parametrize("lens, T, H, C", CASES)
+def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
+    plan = hopper_plan(lens, T, H, C)
+    groups = stages.hopper_groups(T, H)
+    assert plan.groups == groups and plan.per_group <= stages.HOPPER_PAIRS_PER_BLOCK
+    assert plan.per_group * groups >= T * H > plan.per_group * (groups - 1)
+    tiles = [-(-L // K) if L >= T else 0 for L in lens]  # a stream shorter than its draft gets none
+    expected = [(b * groups + g, t) for b, n in enumerate(tiles) for g in range(groups) for t in range(n)]
+    assert covered(plan) == expected  # each tile of each unit exactly once, in unit order
+    sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
+    assert max(sizes) - min(sizes) <= 1
+    assert plan.blocks == min(C, -(-plan.total_tiles // stages.HOPPER_MIN_TILES_PER_BLOCK))
+    assert set(sizes) <= {plan.total_tiles // plan.blocks, -(-plan.total_tiles // plan.blocks)}
+
+
+@pytest.mark.parametrize("lens, T, H, C", CASES)
+def test_cut_units_are_the_units_split_between_blocks(lens, T, H, C):
+    plan = hopper_plan(lens, T, H, C)
+    owners = {}
+    for c in range(plan.blocks):
+        for u, t0, t1 in plan.share(c):
+            owners.setdefault(u, []).append(c)
+    cut = {u: (c0, c1) for u, c0, c1 in plan.cut_units()}
+    for u, cs in owners.items():
+        assert cs == list(range(cs[0], cs[-1] + 1))  # a unit's pieces come from consecutive blocks
+        if len(cs) > 1:
+            assert cut[u] == (cs[0], cs[-1])
+        else:
+            assert u not in cut  # written straight to out, never merged
+    assert len(cut) <= max(plan.blocks - 1, 0)  # a cut needs a block boundary inside the unit
+    # a block's share cuts at most its first and its last unit (its two partial slots)
+    for c in range(plan.blocks):
+        pieces = plan.share(c)
+        inner = pieces[1:-1]
+        assert all(t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u] for u, t0, t1 in inner)
+
+
+def test_invalid_streams_get_no_tiles():
+    plan = hopper_plan([100, 3, 10**6], 9, 8, 132, capacity=5000)  # too short for its draft; beyond its table
+    assert plan.offsets[1] - plan.offsets[0] == 2
+    assert plan.offsets[2] == plan.offsets[1] and plan.offsets[3] == plan.offsets[2]
+    assert hopper_plan([3], 9, 8, 132).blocks == 0  # nothing to do at all
+
+
+def test_random_batches():
+    rng = random.Random(0)
+    for _ in range(200):
+        B, T, H, C = rng.randint(1, 16), rng.randint(1, 16), rng.choice([1, 2, 8, 64, 128]), rng.randint(1, 256)
+        lens = [rng.randint(T, 70000) for _ in range(B)]
+        plan = hopper_plan(lens, T, H, C)
+        assert len(covered(plan)) == plan.total_tiles == plan.groups * sum(-(-L // K) for L in lens)
+        sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
+        assert max(sizes) - min(sizes) <= 1
