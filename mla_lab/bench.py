@@ -17,6 +17,7 @@ which options it cannot apply.
 from __future__ import annotations
 
 import argparse
+import os
 import datetime as _dt
 import platform
 import sys
@@ -60,10 +61,12 @@ def _peers() -> dict:
 def _peer_runner(name: str, w):
     """A call of a peer library on the same problem, in its own layout.
 
-    FlashMLA wants pages of 64 and takes the draft as extra query rows with
-    ``causal=True``; the returned closure writes (out, lse) in our layout.
-    Not yet exercised: neither library is installed on the H200 this project
-    was measured on, so no recorded result comes from this adapter.
+    FlashMLA (its April 2025 sm90 kernel) wants pages of 64 and takes the
+    draft as extra query rows with ``causal=True``; it returns lse as
+    [streams, heads, q_len] in natural log, which the closure turns into our
+    [streams, q_len, heads].  Its scheduler metadata depends on the lengths,
+    so it is computed once here, as a serving engine does per step, and the
+    timed call is the attention kernel and its combine.
     """
     if name == "flashmla":
         import flash_mla
@@ -87,6 +90,15 @@ def _peer_runner(name: str, w):
 
 def _versions() -> dict:
     v = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    try:
+        import flash_mla
+
+        # the peer's build: its version string and where it was imported from (set MLA_LAB_FLASHMLA_COMMIT to
+        # record the commit it was built from, which a build outside its git checkout cannot know)
+        v["flash_mla"] = {"version": getattr(flash_mla, "__version__", None), "path": str(flash_mla.__file__),
+                          "commit": os.environ.get("MLA_LAB_FLASHMLA_COMMIT")}
+    except Exception:
+        pass
     try:
         import triton
 
@@ -148,6 +160,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
     ap.add_argument("--no-probes", dest="probes", action="store_false",
                     help="skip the float4_reads probe (timed beside float4 when float4 is benched)")
+    ap.add_argument("--peers", action="store_true",
+                    help="require the peer kernels (FlashMLA) and time them beside ours; without this flag they are "
+                         "timed when importable (see README: FlashMLA, built from its own repository, on PYTHONPATH)")
     ap.add_argument("--no-peers", action="store_true", help="skip FlashMLA / FlashInfer even if importable")
     ap.add_argument("--no-ceilings", action="store_true",
                     help="take the bandwidth and matrix rate from the device table instead of measuring them")
@@ -282,6 +297,10 @@ def main(argv=None) -> int:
     if any(s.is_cuda for s in wanted):
         ops.load_ops()
     peers = {} if args.no_peers else _peers()
+    if args.peers and "flashmla" not in peers:
+        print("mla-lab bench --peers: FlashMLA is not importable here (import flash_mla failed). Build it from "
+              "its repository (README, 'Peers') and put it on PYTHONPATH.", file=sys.stderr)
+        return 2
     problems = grid(args)
     total = len(problems) * (len(wanted) + len(peers))
     records, n = [], 0
