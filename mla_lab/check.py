@@ -87,7 +87,12 @@ def runnable_stages(ids=None) -> tuple[list, dict]:
     chosen = [_stages.get(s) for s in ids] if ids else list(_stages.STAGES)
     ok, skipped = [], {}
     w = make_workload(Problem(streams=1, q_len=2, heads=2, prefix=30, page_size=16), device="cuda", seed=1)
+    major, minor = torch.cuda.get_device_capability()
     for st in chosen:
+        if hasattr(st, "runs_on") and not st.runs_on(major, minor):
+            skipped[st.id] = (f"its kernels need compute capability {st.min_cc / 10:.1f}"
+                              f"{'' if st.max_cc == st.min_cc else ' or newer'}; this GPU is {major}.{minor}")
+            continue
         try:
             if st.is_cuda:
                 load_ops()

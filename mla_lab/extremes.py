@@ -45,11 +45,12 @@ DRAFT_ONLY_PROBLEMS = (
     Problem(streams=1, q_len=1, heads=1, prefix=0, page_size=1),
     Problem(streams=2, q_len=9, heads=64, prefix=0, page_size=64, scattered=False),
 )
-CPU_PREFIX = {HUGE_PROBLEM: (40, 150), IDENTICAL_PROBLEM: (0, 37, 150), DRAFT_ONLY_PROBLEMS[0]: (0, 60, 0)}
+CPU_SIZE = {HUGE_PROBLEM: dict(prefix=(40, 150)), IDENTICAL_PROBLEM: dict(prefix=(0, 37, 150)),
+            DRAFT_ONLY_PROBLEMS[0]: dict(prefix=(0, 60, 0)), DRAFT_ONLY_PROBLEMS[2]: dict(heads=16)}
 
 
 def _sized(p: Problem, device) -> Problem:
-    return p.with_(prefix=CPU_PREFIX[p]) if torch.device(device).type == "cpu" and p in CPU_PREFIX else p
+    return p.with_(**CPU_SIZE[p]) if torch.device(device).type == "cpu" and p in CPU_SIZE else p
 
 
 @dataclass

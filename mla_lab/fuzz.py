@@ -67,8 +67,8 @@ class Limits:
 
 GPU_LIMITS = Limits("gpu", max_streams=16, max_q_len=16, heads=(1, 2, 4, 8, 16, 32, 64, 128), max_len=70000,
                     page_sizes=(1, 16, 64, ODD_PAGE_SIZE), max_work=4_000_000)
-CPU_LIMITS = Limits("cpu", max_streams=3, max_q_len=5, heads=(1, 2, 4, 8), max_len=150,
-                    page_sizes=(1, 16, 64, ODD_PAGE_SIZE), max_work=6_000, max_splits=8)
+CPU_LIMITS = Limits("cpu", max_streams=3, max_q_len=5, heads=(1, 2, 4, 8), max_len=100,
+                    page_sizes=(1, 16, 64, ODD_PAGE_SIZE), max_work=3_000, max_splits=8)
 
 
 @dataclass(frozen=True)
