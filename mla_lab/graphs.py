@@ -548,14 +548,15 @@ def _label(stage: str, only=None, alias=None) -> str | None:
 def print_launch(r: dict, only=None) -> None:
     print(f"host time per call, GPU kept busy (one stream, q_len {r['q_len']}, {r['heads']} heads, "
           f"prefix {r['prefix']}); a tiny torch op (torch.add, 16 floats): {r['tiny_op_us']:.1f} us")
-    print(f"{'stage':<13} {'launches':>8} {'bare us':>8} {'attention us':>12} {'+ outputs us':>12} "
-          f"{'overhead us':>11} {'+ outputs':>9}")
+    print(f"{'stage':<13} {'launches':>8} {'bare us':>8} {'per launch':>10} {'attention us':>12} "
+          f"{'+ outputs us':>12} {'overhead us':>11} {'+ outputs':>9}")
     for x in r["rows"]:
         if _label(x["stage"], only) is None:
             continue
         flag = "" if x["busy"] else "   (the GPU ran dry: an upper bound)"
-        print(f"{x['stage']:<13} {x['launches']:>8} {x['bare_us']:>8.1f} {x['attention_us']:>12.1f} "
-              f"{x['attention_alloc_us']:>12.1f} {x['overhead_us']:>11.1f} {x['alloc_overhead_us']:>9.1f}{flag}")
+        print(f"{x['stage']:<13} {x['launches']:>8} {x['bare_us']:>8.1f} {x['bare_us'] / x['launches']:>10.1f} "
+              f"{x['attention_us']:>12.1f} {x['attention_alloc_us']:>12.1f} {x['overhead_us']:>11.1f} "
+              f"{x['alloc_overhead_us']:>9.1f}{flag}")
 
 
 def print_loop(rows: list[dict], only=None, alias=None) -> None:
