@@ -8,7 +8,7 @@ Six parts, each over every stage of the registry that this GPU can run:
 2. **fuzz**: hypothesis draws valid shapes, layouts and views; every stage is
    held to the fp32 reference on each (``fuzz.py``);
 3. **graph soak**: one captured call replayed many times while its lengths and
-   tables change; every 1000th replay against an eager call (``stress.py``);
+   tables change; replays compared at intervals with an eager call (``stress.py``);
 4. **concurrency**: two stages on two CUDA streams at once against the same
    calls one after the other (``stress.py``);
 5. **bad inputs**: every entry of the table in ``badinput.py`` through
@@ -372,9 +372,10 @@ def _print_fuzz(fz: dict) -> None:
     if fz.get("slow_stage_caps"):
         _say("  caps: " + "; ".join(f"{k}: lengths <= {v['max_len']}, work <= {v['max_work']:,}"
                                     for k, v in fz["slow_stage_caps"].items()))
-    _say(f"  {'stage':<13} {'cases':>6} {'mismatches':>10} {'refused':>8} {'over cap':>8} {'worst rel_err':>13}")
+    _say(f"  {'stage':<13} {'cases':>6} {'mismatches':>10} {'refused':>8} {'not taken':>9} {'worst rel_err':>13}"
+         "   (not taken: over the stage's cap, or past the Triton interpreter's share)")
     for sid, t in fz["stages"].items():
-        _say(f"  {sid:<13} {t['cases']:>6} {t['mismatches']:>10} {t['refused']:>8} {t['skipped']:>8} "
+        _say(f"  {sid:<13} {t['cases']:>6} {t['mismatches']:>10} {t['refused']:>8} {t['skipped']:>9} "
              f"{t['worst_rel_err']:>13.1e}")
         for line in t["failures"][:3] + t["refusals"][:3]:
             _say(f"      {line}")
@@ -561,8 +562,10 @@ def readme_section(rec: dict | None = None) -> str:
                  f"baseline in its interpreter takes the first {QUICK.cpu_triton_cases} cases of `--quick`")
     lines.append(f"- compute-sanitizer: {', '.join(FULL.tools)} on the CUDA stages, {', '.join(FULL.triton_tools)} on "
                  f"the Triton baseline (`--quick`: {', '.join(QUICK.tools)})")
-    lines.append(f"- graph soak: {FULL.soak_replays:,} replays of the last stage, {FULL.soak_other_replays:,} of each "
-                 f"other (`--quick`: {QUICK.soak_replays:,} / {QUICK.soak_other_replays:,}); "
+    lines.append(f"- graph soak: {FULL.soak_replays:,} replays of the last stage, every {FULL.soak_compare_every:,}th "
+                 f"compared, {FULL.soak_other_replays:,} of each other stage, every "
+                 f"{FULL.soak_other_replays // 10:,}th compared (`--quick`: {QUICK.soak_replays:,} / "
+                 f"{QUICK.soak_other_replays:,}); "
                  f"{stress.SOAK_STREAMS} streams, q_len {stress.SOAK_Q_LEN}, {stress.SOAK_HEADS} heads")
     lines.append(f"- concurrency: each pair of neighbouring stages, {FULL.concurrency_iterations} calls each on two "
                  f"streams; extreme values: {', '.join(KINDS)}")
@@ -643,7 +646,7 @@ DESCRIPTION = (
     "compiled ops' argument checks, the Triton baseline in its interpreter) and names the parts that need a GPU. "
     "Exits 1 if a target is missed.")
 EXAMPLES = ("examples:\n  mla-lab check --quick          a few minutes on a GPU; without one, the CPU parts\n"
-            "  mla-lab check                  the full run (about 4 minutes on an H200)\n"
+            "  mla-lab check                  the full run (its record holds how long it took)\n"
             "  mla-lab check --parts fuzz --stages tensor_core --out /tmp/fuzz.json\n"
             "  python -m mla_lab.fuzz tensor_core '{...}'   re-run one failing fuzz case, as printed")
 
