@@ -137,6 +137,8 @@ def _blocks(report, arch, stage, launch):
 def test_every_stage_fits_at_a_1000_token_cache(reports, page_size, max_pages):
     for arch in ARCHS:
         for st in stages.cuda_stages():
+            if not st.runs_on(*map(int, arch.split("."))):
+                continue  # stage 10 is sm_90 only: 231 KB of shared memory, more than sm_120 gives a block
             for launch in st.launches(3, 9, 8, max_pages, page_size, num_splits=5):
                 occ = _blocks(reports, arch, st, launch)
                 assert occ.blocks_per_sm >= 1, (arch, st.id, launch, occ.limits)
