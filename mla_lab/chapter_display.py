@@ -12,6 +12,7 @@ import functools
 import re
 import subprocess
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import results as _results
@@ -133,7 +134,9 @@ def occupancy_rows(arch: str, stage_ids=None, streams=1, q_len=9, heads=8, cache
     for st in stages.cuda_stages():
         if stage_ids and st.id not in stage_ids:
             continue
-        launch = st.launches(streams, q_len, heads, cache_tokens, 1, num_splits=1)[0]
+        # the main kernel's launch (the persistent stage launches its scheduler first)
+        launches = st.launches(streams, q_len, heads, cache_tokens, 1, num_splits=1)
+        launch = next(x for x in launches if x.kernel == st.kernel)
         r = res[launch.kernel]
         occ = occupancy(dev, launch.threads_per_block, r.registers, r.static_smem_bytes, launch.dynamic_smem_bytes)
         rows.append(dict(stage=st.id, threads=launch.threads_per_block, registers=r.registers,
@@ -204,6 +207,53 @@ def plot_prefix(records: list[dict], stage_ids, source: str = ""):
         fig.suptitle(source, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ---- profiles ----------------------------------------------------------------------------
+
+PROFILES = ROOT / "results" / "profiles"
+
+
+@dataclass
+class Profile:
+    """One kernel's part of a recorded Nsight Compute text report (``results/profiles/``)."""
+
+    path: Path
+    kernel: str
+    metrics: dict  # metric name -> value (the first table row of that name: the % of peak where two exist)
+    stalls: list  # (what the warps wait for, % of the cycles between two issues), from the report's advice
+
+    def stall_metrics(self) -> dict:
+        """The rows of the report that name a stall reason (present when it was asked for them)."""
+        return {k: v for k, v in self.metrics.items() if "stall" in k.lower()}
+
+
+def read_profile(pattern: str, kernel: str) -> Profile | None:
+    """The first report in results/profiles/ whose name matches ``pattern`` (a glob), the part about
+    ``kernel``; ``None`` if there is no such report or it does not profile that kernel."""
+    found = sorted(PROFILES.glob(pattern))
+    if not found:
+        return None
+    parts, name, lines = {}, None, []
+    for line in found[0].read_text().splitlines() + ["  end() (1, 1, 1)x(1, 1, 1)"]:
+        head = re.search(r"(\w+)\([^()]*\) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line)  # a kernel's header
+        if head:
+            if name:
+                parts[name] = lines
+            name, lines = head.group(1), []
+        elif name:
+            lines.append(line)
+    if kernel not in parts:
+        return None
+    metrics = {}
+    for line in parts[kernel]:
+        row = re.match(r"\s+([A-Za-z(][\w ()./-]*?[\w)])\s{2,}(?:\S+\s+)?(-?[\d,]+(?:\.\d+)?)\s*$", line)
+        if row:
+            metrics.setdefault(row.group(1), float(row.group(2).replace(",", "")))
+    text = " ".join(line.strip() for line in parts[kernel])
+    stalls = [(what.strip(), float(share)) for what, share in re.findall(
+        r"stalled ((?:waiting|on) [^.]*?)\. .*?represents about ([\d.]+)% of the total", text)]
+    return Profile(found[0], kernel, metrics, stalls)
 
 
 # ---- conclusions, checked --------------------------------------------------------------

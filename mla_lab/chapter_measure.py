@@ -134,6 +134,42 @@ def results_for(stage_ids, problems) -> tuple[list[dict], str]:
     return recorded_records(stage_ids, problems)
 
 
+# ---- what a chapter measures that the bench does not ---------------------------------
+
+CHAPTER_RESULTS = _results.RESULTS / "chapters"
+
+
+def kept_measurement(chapter: str, name: str, measure_now) -> tuple[object | None, str]:
+    """A chapter's own measurement (an ablation, a batch of mixed lengths: nothing ``mla-lab bench`` records).
+
+    On a GPU, ``measure_now()`` runs now and its result (numbers, lists and
+    dicts with string keys) is kept in ``results/chapters/<chapter>.json`` under
+    ``name``, with the GPU, the date and the code it measured, so that a reader
+    without a GPU sees what the chapter measured when it was executed.  Without
+    a GPU, the kept result.  Returns (the result or None, where it comes from).
+    """
+    import datetime as _dt
+    import json
+
+    from . import provenance
+
+    path = CHAPTER_RESULTS / f"{chapter}.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    if GPU:
+        value = measure_now()
+        gpu = torch.cuda.get_device_name(0)
+        kept[name] = dict(gpu=gpu, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                          **provenance.run_record(), value=value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        return value, f"measured now on {gpu}; kept in results/chapters/{chapter}.json"
+    entry = kept.get(name)
+    if entry is None:
+        return None, (f"no GPU here, and results/chapters/{chapter}.json holds no {name!r}: "
+                      "executing the chapter on a GPU records it")
+    return entry["value"], f"recorded on {entry['gpu']} by executing this chapter ({entry['date'][:10]}); no GPU here"
+
+
 # ---- reading records ------------------------------------------------------------
 
 def find(records: list[dict], stage: str, **config) -> dict | None:

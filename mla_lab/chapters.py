@@ -16,19 +16,20 @@ import sys
 from pathlib import Path
 
 from .chapter_display import (count_opcodes, cuobjdump, every, occupancy_rows, plot_prefix, print_occupancy,
-                              print_table, sass, sass_instruction_mix, sass_memory_ops, show_diff, show_lines,
-                              source_of, stages_upto, verdict, where)
+                              print_table, read_profile, sass, sass_instruction_mix, sass_memory_ops, show_diff,
+                              show_lines, source_of, stages_upto, verdict, where)
 from .chapter_measure import (ARTICLE_PREFIXES, GPU, article_problems, ceilings, device_here, find,
-                              floor_from_ceilings, measure, ratio, recorded_records, results_for, speedups, time_us)
+                              floor_from_ceilings, kept_measurement, measure, ratio, recorded_records, results_for,
+                              speedups, time_us)
 from .extension import ROOT
 
 CHAPTERS = ROOT / "chapters"
 
 __all__ = ["ARTICLE_PREFIXES", "CHAPTERS", "GPU", "ROOT", "article_problems", "ceilings", "count_opcodes",
-           "cuobjdump", "device_here", "every", "execute", "find", "floor_from_ceilings", "measure",
-           "occupancy_rows", "plot_prefix", "print_occupancy", "print_table", "ratio", "recorded_records",
-           "results_for", "sass", "sass_instruction_mix", "sass_memory_ops", "show_diff", "show_lines", "source_of",
-           "speedups", "stages_upto", "time_us", "verdict", "where"]
+           "cuobjdump", "device_here", "every", "execute", "find", "floor_from_ceilings", "kept_measurement",
+           "measure", "occupancy_rows", "plot_prefix", "print_occupancy", "print_table", "ratio", "read_profile",
+           "recorded_records", "results_for", "sass", "sass_instruction_mix", "sass_memory_ops", "show_diff",
+           "show_lines", "source_of", "speedups", "stages_upto", "time_us", "verdict", "where"]
 
 
 # ---- executing the chapters ------------------------------------------------------

@@ -49,6 +49,11 @@ def test_there_are_chapters():
     assert [p.name[:2] for p in NOTEBOOKS][:7] == ["00", "01", "02", "03", "04", "05", "06"]
 
 
+def test_every_chapter_of_the_map_is_a_notebook():
+    """One notebook per chapter the registry lists (a stage's and those without one), and no other."""
+    assert [p.name for p in NOTEBOOKS] == [notebook for _, _, notebook, _ in stages.chapter_map()]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_most_cells_with_output_are_compared(path):
     cells = _with_output(path)
@@ -199,3 +204,48 @@ def test_the_product_names_no_issue_and_no_file_outside_it():
         assert not re.search(r"\b[Ii]ssue \d", text), f"{path.relative_to(root)} refers to an issue by number"
         for outside in ("/work/", "shared/anchors", "shared/seed", "this workplace"):
             assert outside not in text, f"{path.relative_to(root)} names {outside!r}, outside the repository"
+
+
+def test_read_profile(tmp_path, monkeypatch):
+    """A recorded Nsight Compute report, read kernel by kernel: its table rows and its stall advice."""
+    from mla_lab import chapter_display
+
+    (tmp_path / "gpu-stage-B1.txt").write_text(
+        "[1] python3\n"
+        "  void mla::plan_kernel(MlaParams) (1, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+        "    Compute (SM) Throughput           %         1.50\n"
+        "  void mla::main_kernel(MlaParams) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+        "    Compute (SM) Throughput           %        35.20\n"
+        "    Elapsed Cycles                cycle      415,857\n"
+        "    Issued Warp Per Scheduler                        0.36\n"
+        "    Memory Throughput                 %        54.28\n"
+        "    Memory Throughput           Gbyte/s        68.24\n"
+        "    smsp__pcsamp_warps_issue_stalled_wait        14.5\n"
+        "    OPT   Est. Speedup: 39.58%\n"
+        "          On average, each warp of this workload spends 2.8 cycles being stalled waiting for a barrier\n"
+        "          to be released. This stall type represents about 39.6% of the total average of 7.0 cycles\n")
+    monkeypatch.setattr(chapter_display, "PROFILES", tmp_path)
+    p = ch.read_profile("*stage-B1*", "main_kernel")
+    assert p.metrics["Compute (SM) Throughput"] == 35.2 and p.metrics["Elapsed Cycles"] == 415857
+    assert p.metrics["Issued Warp Per Scheduler"] == 0.36 and p.metrics["Memory Throughput"] == 54.28
+    assert p.stall_metrics() == {"smsp__pcsamp_warps_issue_stalled_wait": 14.5}
+    assert p.stalls == [("waiting for a barrier to be released", 39.6)]
+    assert ch.read_profile("*stage-B1*", "plan_kernel").metrics == {"Compute (SM) Throughput": 1.5}
+    assert ch.read_profile("*stage-B1*", "combine_kernel") is None and ch.read_profile("*nothing*", "x") is None
+
+
+def test_kept_measurement(tmp_path, monkeypatch):
+    """A chapter's own measurement: taken and kept on a GPU, read back without one, None if never kept."""
+    from mla_lab import chapter_measure
+
+    monkeypatch.setattr(chapter_measure, "CHAPTER_RESULTS", tmp_path)
+    monkeypatch.setattr(chapter_measure, "GPU", False)
+    value, said = ch.kept_measurement("10_x", "ablation", lambda: pytest.fail("measured without a GPU"))
+    assert value is None and "holds no 'ablation'" in said
+    monkeypatch.setattr(chapter_measure, "GPU", True)
+    monkeypatch.setattr(chapter_measure.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    value, said = ch.kept_measurement("10_x", "ablation", lambda: [{"on": 30.5, "off": 33.0}])
+    assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("measured now on NVIDIA H200")
+    monkeypatch.setattr(chapter_measure, "GPU", False)
+    value, said = ch.kept_measurement("10_x", "ablation", lambda: pytest.fail("measured without a GPU"))
+    assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("recorded on NVIDIA H200 by executing this chapter")
