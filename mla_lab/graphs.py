@@ -59,10 +59,13 @@ LAUNCH_PREFIX = 256
 BEST_PREFIX = 16384
 LOOP_PREFIXES = (256, 1024, 16384)
 STEP_PREFIXES = (1024, 16384, 65536)
+LAYER_PREFIX = 1024  # one layer, and the prediction, at this prefix
+ACCEPTANCE_STEPS = 100
 CALLS_IN_GRAPH = 61  # one per layer of Kimi K2.x
 ARTICLE_STAGE = "float4"  # the article's final design
 BASELINE = "triton"
 SECTIONS = ("launch", "best", "loop", "prediction", "steps", "verify_step", "defrag", "acceptance")
+DEVICE = "cuda"  # the measurements run on the current CUDA device
 
 
 # ---- timing ------------------------------------------------------------------------------
@@ -176,7 +179,7 @@ def _kernel_count(fn) -> int | None:
 
 def _workload(prefix: int, seed: int = 0):
     return make_workload(Problem(streams=1, q_len=Q_LEN, heads=HEADS, prefix=prefix, page_size=1, scattered=True),
-                         device="cuda", seed=seed, poison=False)
+                         device=DEVICE, seed=seed, poison=False)
 
 
 def measure_launch(prefix: int = LAUNCH_PREFIX) -> dict:
@@ -185,15 +188,15 @@ def measure_launch(prefix: int = LAUNCH_PREFIX) -> dict:
 
     w = _workload(prefix)
     out, lse = w.new_outputs(poison=False)
-    a, b, c = (torch.zeros(16, device="cuda") for _ in range(3))
+    a, b, c = (torch.zeros(16, device=DEVICE) for _ in range(3))
     tiny, tiny_busy = host_us(lambda: torch.add(a, b, out=c))
     rows = []
     for st in stages.STAGES:
         if st.kind == "triton":
             ns = stages.TRITON_DEFAULT_SPLITS
             R = Q_LEN
-            ws_out = torch.empty(R, HEADS, ns, 512, device="cuda")
-            ws_lse = torch.empty(R, HEADS, ns, device="cuda")
+            ws_out = torch.empty(R, HEADS, ns, 512, device=DEVICE)
+            ws_lse = torch.empty(R, HEADS, ns, device=DEVICE)
 
             def bare(ws_out=ws_out, ws_lse=ws_lse, ns=ns):
                 triton_baseline.launch(*w.args(), out, lse, ws_out, ws_lse, num_splits=ns)
@@ -263,7 +266,7 @@ class _Model:
         from .model_step import random_weights
 
         self.cfg = cfg
-        self.weights = random_weights(cfg, device="cuda", seed=0)
+        self.weights = random_weights(cfg, device=DEVICE, seed=0)
 
     def paged(self, prefix: int, seed: int):
         """One stream of ``prefix`` tokens at scattered pages of one token, random rows in every layer,
@@ -273,10 +276,10 @@ class _Model:
         table = PageTable(prefix + Q_LEN + 2, 1, prefix + Q_LEN, 1, scatter_seed=seed)
         table.add_prefix(0, prefix)
         table.begin_step(Q_LEN)
-        cache = torch.empty(self.cfg.layers, table.num_pages, 1, 576, dtype=torch.bfloat16, device="cuda").normal_()
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(Q_LEN, self.cfg.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-        return table, cache, table.block_table("cuda"), table.kv_lens("cuda"), x
+        cache = torch.empty(self.cfg.layers, table.num_pages, 1, 576, dtype=torch.bfloat16, device=DEVICE).normal_()
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        x = torch.randn(Q_LEN, self.cfg.hidden, generator=gen, device=DEVICE).to(torch.bfloat16)
+        return table, cache, table.block_table(DEVICE), table.kv_lens(DEVICE), x
 
     def step(self, stage, cache, block_table, kv_lens, x, layers: int | None = None):
         from .model_step import ModelStep
@@ -333,7 +336,7 @@ def measure_steps(model: _Model, stage_ids, prefixes=STEP_PREFIXES, layer_prefix
                 layer_bytes=model.cfg.layer_bytes())
 
 
-def measure_verify_step(replays: int = 12, seed: int = 0) -> list[dict]:
+def measure_verify_step(replays: int = 12, seed: int = 0, page_size: int = 16, width: int = 160) -> list[dict]:
     """Per stage: a bucket of 4 streams captured once, replayed with new lengths, tables and 1-4 real
     streams; every replay's real streams compared bit for bit with an eager call (same split count)."""
     import random
@@ -341,18 +344,18 @@ def measure_verify_step(replays: int = 12, seed: int = 0) -> list[dict]:
     from .verify_step import VerifyStep
 
     rng = random.Random(seed)
-    P, width, B = 16, 160, 4
+    P, B = page_size, 4
     num_pages = B * width + 1
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    pool = torch.randn(num_pages, P, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    pool = torch.randn(num_pages, P, 576, generator=gen, device=DEVICE).to(torch.bfloat16)
     calls = []
     for _ in range(replays):
         b = rng.randint(1, B)
         lens = [rng.randint(Q_LEN, width * P) for _ in range(b)]
         pages = rng.sample(range(1, num_pages), b * width)
         table = torch.tensor(pages, dtype=torch.int32).view(b, width)
-        q = torch.randn(b, Q_LEN, HEADS, 576, generator=gen, device="cuda").to(torch.bfloat16)
-        calls.append((q, table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")))
+        q = torch.randn(b, Q_LEN, HEADS, 576, generator=gen, device=DEVICE).to(torch.bfloat16)
+        calls.append((q, table.to(DEVICE), torch.tensor(lens, dtype=torch.int32, device=DEVICE)))
     rows = []
     for st in stages.STAGES:
         step = VerifyStep(st, pool, streams=B, q_len=Q_LEN, heads=HEADS, max_pages=width)
@@ -374,8 +377,8 @@ def measure_defrag(model: _Model, stage_ids, prefix: int = BEST_PREFIX) -> dict:
     from .timing import time_call
 
     table, cache, bt, lens, x = model.paged(prefix, seed=5)
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    q = torch.randn(1, Q_LEN, HEADS, 576, generator=gen, device="cuda").to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    q = torch.randn(1, Q_LEN, HEADS, 576, generator=gen, device=DEVICE).to(torch.bfloat16)
     scale = model.cfg.scale
 
     def kernels(block_table):
@@ -397,15 +400,19 @@ def measure_defrag(model: _Model, stage_ids, prefix: int = BEST_PREFIX) -> dict:
             del s
         return out
 
-    k0, s0 = kernels(bt), steps(bt)
+    # Steps first: a step writes the draft's rows into the cache, and the attention calls after it
+    # read those (the same rows in both rounds, so the outputs can be compared bit for bit).
+    s0 = steps(bt)
+    k0 = kernels(bt)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     plan = table.defragment(cache)
     torch.cuda.synchronize()
     cost_us = (time.perf_counter() - t0) * 1e6
-    bt_after = table.block_table("cuda")
+    bt_after = table.block_table(DEVICE)
     assert table.is_contiguous()
-    k1, s1 = kernels(bt_after), steps(bt_after)
+    s1 = steps(bt_after)
+    k1 = kernels(bt_after)
     moved_bytes = plan.moved * model.cfg.layers * cache.shape[2] * 576 * 2
     return dict(prefix=prefix, layers=model.cfg.layers, page_size=1, moved_pages=plan.moved,
                 moved_bytes=moved_bytes, defrag_us=cost_us,
@@ -416,13 +423,13 @@ def measure_defrag(model: _Model, stage_ids, prefix: int = BEST_PREFIX) -> dict:
                 step_same_output={s: torch.equal(s0[s][1], s1[s][1]) for s in stage_ids})
 
 
-def measure_acceptance(stage_ids, steps: int = 100) -> list[dict]:
+def measure_acceptance(stage_ids, steps: int = 100, prefix=(5, 300, 1000)) -> list[dict]:
     from .decode_loop import acceptance_loop
 
     rows = []
     for sid in stage_ids:
-        r = acceptance_loop(sid, steps=steps, streams=3, bucket_streams=4, q_len=Q_LEN, prefix=(5, 300, 1000),
-                            page_size=16, device="cuda", graph=True, defrag_every=25, seed=7)
+        r = acceptance_loop(sid, steps=steps, streams=3, bucket_streams=4, q_len=Q_LEN, prefix=prefix,
+                            page_size=16, device=DEVICE, graph=True, defrag_every=25, seed=7)
         rows.append(dict(stage=sid, steps=r.steps, appended=r.appended, accepted=r.accepted,
                          cache_checks=r.cache_checks, defrags=r.defrags, max_rel_err=r.max_rel_err,
                          summary=r.summary()))
@@ -456,22 +463,22 @@ class Session:
         if name in self.record:
             return self.record[name]
         if name == "launch":
-            r = measure_launch()
+            r = measure_launch(LAUNCH_PREFIX)
         elif name == "best":
-            r = measure_best()
+            r = measure_best(BEST_PREFIX)
         elif name == "loop":
             r = measure_loop(self.step_stages(), prefixes=LOOP_PREFIXES)
         elif name == "prediction":
-            r = measure_prediction(self.model, self.best)
+            r = measure_prediction(self.model, self.best, prefix=LAYER_PREFIX)
         elif name == "steps":
             r = measure_steps(self.model, self.step_stages(), prefixes=STEP_PREFIXES[:2] if self.quick else
-                              STEP_PREFIXES, layer_stage=self.best)
+                              STEP_PREFIXES, layer_prefix=LAYER_PREFIX, layer_stage=self.best)
         elif name == "verify_step":
             r = measure_verify_step(replays=6 if self.quick else 12)
         elif name == "defrag":
-            r = measure_defrag(self.model, list(dict.fromkeys([BASELINE, self.best])))
+            r = measure_defrag(self.model, list(dict.fromkeys([BASELINE, self.best])), prefix=BEST_PREFIX)
         elif name == "acceptance":
-            r = measure_acceptance(list(dict.fromkeys([BASELINE, self.best])), steps=100)
+            r = measure_acceptance(list(dict.fromkeys([BASELINE, self.best])), steps=ACCEPTANCE_STEPS)
         else:
             raise KeyError(f"no section {name!r}; sections are {', '.join(SECTIONS)}")
         self.record[name] = r
