@@ -244,6 +244,11 @@ def _split_kv_stage2(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + t.to(tl.int64) * stride_lt + head * stride_lh, lse_val)
 
 
+def _overlaps(t: torch.Tensor) -> bool:
+    """A stride of 0 over a size > 1 (an expand()): two outputs at one address, which programs would race on."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
 def _shapes_ok(q, kv_cache, block_table, kv_lens, scale, out, lse) -> bool:
     """What the kernels' addressing relies on, and the scale, checked in a few microseconds.
 
@@ -261,8 +266,8 @@ def _shapes_ok(q, kv_cache, block_table, kv_lens, scale, out, lse) -> bool:
                 and block_table.dtype == torch.int32 and block_table.stride(1) == 1
                 and kv_lens.shape == (B,) and kv_lens.dtype == torch.int32 and kv_lens.is_contiguous()
                 and (out is None or (out.shape == (B, T, H, D_V) and out.dtype == torch.bfloat16
-                                     and out.stride(3) == 1))
-                and (lse is None or (lse.shape == (B, T, H) and lse.dtype == torch.float32))
+                                     and out.stride(3) == 1 and not _overlaps(out)))
+                and (lse is None or (lse.shape == (B, T, H) and lse.dtype == torch.float32 and not _overlaps(lse)))
                 and q.device == kv_cache.device == block_table.device == kv_lens.device
                 and (out is None or out.device == q.device) and (lse is None or lse.device == q.device))
     except (AttributeError, TypeError, ValueError):  # not tensors, or q not 4-D

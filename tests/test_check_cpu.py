@@ -182,15 +182,7 @@ def triton_unchecked():
 
 # The Triton baseline's check=False path checks shapes with a quick test of its own first, which
 # predates the rule against outputs that overlap themselves: it lets them through to the kernels.
-TRITON_GAPS = {
-    "out_overlap": "triton_verify_attention(check=False) lets an out with a stride of 0 through "
-                   "(its quick shape test does not know the overlap rule yet)",
-    "lse_overlap": "triton_verify_attention(check=False) lets an lse with a stride of 0 through "
-                   "(its quick shape test does not know the overlap rule yet)",
-}
-TRITON_CASES_UNCHECKED = [pytest.param(c.key, marks=pytest.mark.xfail(strict=True, reason=TRITON_GAPS[c.key]))
-                          if c.key in TRITON_GAPS else c.key
-                          for c in badinput.BAD_INPUTS if c.applies_to(TRITON)]
+TRITON_CASES_UNCHECKED = [c.key for c in badinput.BAD_INPUTS if c.applies_to(TRITON)]
 
 
 @pytest.mark.parametrize("key", TRITON_CASES_UNCHECKED)
