@@ -158,7 +158,8 @@ def parse(stage: str, tool: str, output: str, returncode, seconds: float) -> Run
     for line in output.splitlines():
         if line.startswith(DRIVER_TAG):
             driver = json.loads(line[len(DRIVER_TAG):])
-    findings = int(errors[-1]) if errors else None
+    # memcheck, synccheck and initcheck end with an ERROR SUMMARY; racecheck with a RACECHECK SUMMARY of its own
+    findings = int(errors[-1]) if errors else int(race.group(1)) if race else None
     warnings = int(race.group(2)) if race else None
     first = [l.strip() for l in output.splitlines()
              if l.startswith("=========") and re.search(r"(Invalid|Race|hazard|Uninitialized|Barrier|error)", l)
