@@ -41,9 +41,14 @@ def _digest(data: bytes) -> str:
 def git_commit() -> str | None:
     """The checkout's commit, with ``-dirty`` if csrc/ or mla_lab/ has uncommitted changes.
 
-    Where the tree is a copy without its git folder (a GPU machine, say), the
-    environment variable ``MLA_LAB_COMMIT`` may name it; else ``None``.
+    The environment variable ``MLA_LAB_COMMIT``, when set, names it and wins:
+    a copy of the tree sent to a GPU machine may carry no git folder, or an
+    older one than the files it holds (seen on this project's GPU machines,
+    whose copies carried the git folder of an earlier commit).  The source and
+    package digests recorded beside the commit say what code ran either way.
     """
+    if os.environ.get("MLA_LAB_COMMIT"):
+        return os.environ["MLA_LAB_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=20)

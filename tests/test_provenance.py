@@ -32,7 +32,8 @@ def test_a_chapter_depends_on_its_own_and_earlier_stages_only():
         chapter_sources("intro.ipynb")
 
 
-def test_run_record():
+def test_run_record(monkeypatch):
+    monkeypatch.delenv("MLA_LAB_COMMIT", raising=False)
     rec = run_record()
     assert rec["source_digest"] == source_digest() and len(rec["package_digest"]) == 16
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -40,6 +41,12 @@ def test_run_record():
         assert rec["commit"].split("-")[0] == head.stdout.strip()[:12]
     else:
         assert rec["commit"] is None
+
+
+def test_commit_from_the_environment_wins_over_git(monkeypatch):
+    # a copy of the tree may carry an older git folder than its files
+    monkeypatch.setenv("MLA_LAB_COMMIT", "0123456789ab")
+    assert provenance.git_commit() == "0123456789ab"
 
 
 def test_commit_from_the_environment_without_git(monkeypatch):
