@@ -97,11 +97,22 @@ def _stage_ids_later_than(path):
     return [s.id for s in stages.STAGES if s.id not in allowed]
 
 
+# Stored outputs that may name a later stage, and why: neither changes when a stage is added after them.
+NAMED_ON_PURPOSE = {
+    # the article's 70 KB is for the head-tile layout that stages 2 and 3 share; the claim's label names both
+    "02_flash_ht8": lambda text: "(flash_ht8, kv_split)" in text,
+    # chapter 7 measures the 61-layer step with the fastest stage of the registry (the article's end-to-end
+    # claim is about the best kernel); its timing cells, not compared by nbval, name the stage they ran
+    "07_cuda_graphs": lambda text: "step " in text,
+}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_chapter_lists_no_later_stage(path):
     """A new stage never changes an earlier chapter's stored outputs: no chapter's code names a later
-    stage, and no stored output shows one."""
+    stage, and no stored output shows one (but for the two uses in NAMED_ON_PURPOSE)."""
     later = _stage_ids_later_than(path)
+    on_purpose = NAMED_ON_PURPOSE.get(path.stem, lambda text: False)
     for c in _code(path):
         src = _source(c)
         for sid in later:
@@ -109,8 +120,11 @@ def test_a_chapter_lists_no_later_stage(path):
         assert "print_occupancy(" not in src or "stage_ids=" in src, f"{path.name}: an occupancy table of every stage"
         for out in c.get("outputs", []):
             text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
-            for sid in later:
-                assert not re.search(rf"\b{sid}\b", text), f"{path.name}: stored output shows the later stage {sid}"
+            for line in text.splitlines():
+                if on_purpose(line):
+                    continue
+                for sid in later:
+                    assert not re.search(rf"\b{sid}\b", line), f"{path.name}: stored output shows the later stage {sid}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
