@@ -84,17 +84,31 @@ def chapter_number(notebook: str | Path) -> int:
 
 
 def chapter_sources(notebook: str | Path) -> list[Path]:
-    """The files chapter ``NN_*.ipynb``'s outputs depend on: csrc/ without the stages after NN, and Triton's."""
+    """The files chapter ``NN_*.ipynb``'s outputs depend on: csrc/ without the stages after NN, and Triton's.
+
+    A header counts when a counted source includes it (directly or through
+    other headers): one that only later stages include (``sm90_ptx.cuh``, the
+    Hopper stage's PTX helpers) is not a source of the earlier chapters.
+    """
     n = chapter_number(notebook)
-    files = []
+    units, headers = [], {}
     for path in sorted(CSRC.iterdir()):
         if path.suffix not in (".cu", ".cuh", ".h", ".cpp") or path.name in NOT_MEASURED:
+            continue
+        if path.suffix in (".cuh", ".h"):
+            headers[path.name] = path
             continue
         m = re.match(r"stage(\d\d)_", path.name)
         if m and int(m.group(1)) > n:
             continue
-        files.append(path)
-    return files + [TRITON_SOURCE]
+        units.append(path)
+    reached, todo = set(), list(units)
+    while todo:
+        for name in re.findall(r'#include\s+"([^"]+)"', todo.pop().read_text()):
+            if name in headers and name not in reached:
+                reached.add(name)
+                todo.append(headers[name])
+    return sorted(units + [headers[h] for h in reached]) + [TRITON_SOURCE]
 
 
 def source_digests(files) -> dict[str, str]:
@@ -138,7 +152,9 @@ def chapter_staleness(notebook: str | Path) -> str | None:
     now = source_digests(chapter_sources(path))
     then = rec.get("files", {})
     changed = sorted(f for f in now if f in then and now[f] != then[f])
-    added, gone = sorted(set(now) - set(then)), sorted(set(then) - set(now))
+    # A recorded file that still exists but is no longer a source of this
+    # chapter (the rule that finds sources was refined) changes nothing it shows.
+    added, gone = sorted(set(now) - set(then)), sorted(f for f in set(then) - set(now) if not (ROOT / f).exists())
     if not (changed or added or gone):
         return None
     parts = [f"changed: {', '.join(changed)}" if changed else "", f"new: {', '.join(added)}" if added else "",

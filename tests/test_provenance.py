@@ -25,6 +25,9 @@ def test_a_chapter_depends_on_its_own_and_earlier_stages_only():
                    "mla_lab/triton_baseline.py"):
         assert shared in three
     assert "csrc/stage_list.h" not in three  # it grows with every new stage
+    # a header only a later stage includes is that stage's source, not this chapter's
+    assert "csrc/sm90_ptx.cuh" not in three
+    assert "csrc/sm90_ptx.cuh" in _names(chapter_sources("10_hopper.ipynb"))
     # chapter 7 has no stage: it depends on stages 0-6, not on 8 and later
     seven = _names(chapter_sources("07_cuda_graphs.ipynb"))
     assert "csrc/stage06_float4.cu" in seven and not [f for f in seven if f.startswith("csrc/stage08")]
