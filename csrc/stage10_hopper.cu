@@ -20,7 +20,11 @@
 //   of all streams into one equal share per block, and writes the plan.  A
 //   share may span several (stream, pair group) units and part of one.  A unit
 //   that one block finishes is written straight to `out`; a unit cut between
-//   blocks leaves partials that a combine kernel merges.
+//   blocks leaves partials that a combine kernel merges.  Units are numbered
+//   group by group, and the blocks are a multiple of the groups, so every
+//   group's keys are cut at the same places: the blocks of all groups of a
+//   stream read each key tile at about the same time, and L2 serves all but
+//   the first (numbered stream by stream, each group re-read the keys from DRAM).
 #include "mla_device.cuh"
 #include "sm90_ptx.cuh"
 
@@ -39,8 +43,7 @@ constexpr int kChunkBytes = kKeysPerTile * 128;  // one chunk of a key tile: 8 K
 constexpr int kPairsPerGroup = 40;               // N of every wgmma: one warpgroup's pairs
 constexpr int kPairsPerBlock = 2 * kPairsPerGroup;
 constexpr int kRing = 15;                        // chunk slots: a tile in use and 6 chunks ahead
-constexpr int kLag = 4;                          // chunks a loader thread keeps in flight
-constexpr int kMinTilesPerBlock = 2;             // a share smaller than this costs more to merge than it saves
+constexpr int kMinTilesPerBlock = 1;             // a share of one tile still pays: more blocks start at once
 constexpr int kThreads = 384;                    // loader warpgroup + two compute warpgroups
 constexpr int kLoaderRegs = 40, kComputeRegs = 232;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -53,10 +56,11 @@ constexpr int kOffRing = 0;
 constexpr int kOffQ = kOffRing + kRing * kChunkBytes;
 constexpr int kOffP = kOffQ + 2 * kQBytes;
 constexpr int kOffMax = kOffP + 2 * kPBytes;              // column maxima exchanged between warps
-constexpr int kOffVis = kOffMax + 2 * 2 * 4 * kPairsPerGroup * 4;
-constexpr int kOffM = kOffVis + 2 * kPairsPerGroup * 4;   // running column maxima, two copies per warpgroup
-constexpr int kOffL = kOffM + 2 * 2 * kPairsPerGroup * 4; // running column sums, one per warp
-constexpr int kOffBars = kOffL + 2 * 4 * kPairsPerGroup * 4;
+constexpr int kOffVis = kOffMax + 2 * 4 * kPairsPerGroup * 4;
+constexpr int kOffM = kOffVis + 2 * kPairsPerGroup * 4;   // the columns' softmax references, two copies
+constexpr int kOffL = kOffM + 2 * 2 * kPairsPerGroup * 4; // column sums, one per warp, met at the end of a unit
+constexpr int kOffQRow = kOffL + 2 * 4 * kPairsPerGroup * 4;  // each pair's row in q
+constexpr int kOffBars = kOffQRow + 2 * kPairsPerGroup * 8;
 constexpr int kSmemBytes = kOffBars + 2 * kRing * 8 + 1024;  // + slack to align the base
 
 // A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
@@ -94,7 +98,7 @@ struct Shape {
   int pairs;   // q_len * heads: (row, head) pairs of a stream, head fastest
   int groups;  // pair groups of up to kPairsPerBlock per stream
   int per_group;
-  int units;   // streams * groups
+  int units;   // streams * groups, numbered u = group * streams + stream
 };
 
 __host__ __device__ inline Shape shape_of(const MlaParams& p) {
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kPlanThreads) hopper_plan_kernel(const MlaPara
   const int tid = threadIdx.x;
   int* off = p.plan + kPlanHeader;
   auto tiles_of = [&](int u) {
-    const int len = p.kv_lens[u / sh.groups];
+    const int len = p.kv_lens[u % p.batch];
     return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
   };
   // Exclusive prefix sum of the tiles of each unit: thread t takes a run of units.
@@ -153,7 +157,8 @@ __global__ void __launch_bounds__(kPlanThreads) hopper_plan_kernel(const MlaPara
     run += tiles_of(u);
   }
   const int W = total;
-  const int C = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
+  const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
+  const int C = most >= sh.groups ? most - most % sh.groups : most;  // every group cut at the same keys
   if (tid == 0) {
     off[sh.units] = W;
     p.plan[0] = W;
@@ -221,6 +226,10 @@ __device__ __forceinline__ int first_unit_of(const int* off, int units, int x) {
 
 #if MLA_SM90A
 // Warpgroup 0: gather the key tiles of the share, chunk by chunk, into the ring.
+// A loader thread never waits for its own copies: cp.async arrives on the
+// chunk's full barrier by itself once they land, so the loads in flight are
+// bounded only by the ring's free slots.  The block table entry of the next
+// tile is loaded a tile ahead, so its round trip is hidden too.
 __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
                           uint64_t* full, uint64_t* empty) {
   const int tid = threadIdx.x;          // 0..127
@@ -230,14 +239,24 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
   int seq = 0;  // chunks issued so far
   int u, t0, t1;
   while (cur.next(off, u, t0, t1)) {
-    const int b = u / sh.groups;
+    const int b = u % p.batch;
     const int kv_len = p.kv_lens[b];
+    const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
+    auto page_of = [&](int tile) {  // the page holding this thread's key of the tile (-1 past the stream)
+      const int key = tile * kKeysPerTile + my_key;
+      return key < kv_len ? table[key / p.page_size] : -1;
+    };
+    int next_page = page_of(t0);
     for (int tile = t0; tile < t1; ++tile) {
       const int key = tile * kKeysPerTile + my_key;
+      const int page = next_page;
+      if (tile + 1 < t1) next_page = page_of(tile + 1);  // used a tile from now
       // Keys past the stream are zeros (P is 0 there; 0 * NaN would not be);
       // a key whose page is outside the pool is NaN, so its stream shows it.
-      const bf16* row = key < kv_len ? kv_row(p, b, key) : nullptr;
-      const bool zero = key >= kv_len, poisoned = key < kv_len && row == nullptr;
+      const bool zero = key >= kv_len, poisoned = !zero && (page < 0 || page >= p.num_pages);
+      const bf16* row = zero || poisoned ? p.kv
+                                         : p.kv + (int64_t)page * p.kv_stride_page +
+                                               (int64_t)(key - (key / p.page_size) * p.page_size) * p.kv_stride_slot;
       for (int j = 0; j < kChunks; ++j) {
         const int slot = seq % kRing;
         if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
@@ -249,22 +268,20 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
           if (poisoned)
             st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
           else
-            cp_async16(dst, zero ? (const void*)p.kv : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8),
+            cp_async16(dst, zero ? (const void*)row : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8),
                        zero ? 0 : 16);
         }
-        cp_async_commit();
-        if (seq >= kLag) {  // chunk seq - kLag has landed: publish it
-          cp_async_wait<kLag>();
+        if (poisoned) {  // plain stores: make them visible to the tensor cores, then arrive
           fence_proxy_async();
-          mbar_arrive(&full[(seq - kLag) % kRing]);
+          mbar_arrive(&full[slot]);
+        } else {
+          cp_async_arrive(&full[slot]);
         }
         ++seq;
       }
     }
   }
-  cp_async_wait<0>();
-  fence_proxy_async();
-  for (int s = max(0, seq - kLag); s < seq; ++s) mbar_arrive(&full[s % kRing]);
+  cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
 }
 
 // A compute warpgroup with no pairs still has to hand every chunk back.
@@ -298,44 +315,52 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
   // Descriptors of the three operand regions; a chunk or k-step is an offset
   // (in 16-byte units) added to the start-address field.
   const uint64_t ring_desc = sw128_desc(ring, 1024), q_desc = sw128_desc(q_s, 1024), p_desc = sw128_desc(p_s, 1024);
-  float* col_max = reinterpret_cast<float*>(smem + kOffMax) + group * 2 * 4 * kPairsPerGroup;
+  float* col_max = reinterpret_cast<float*>(smem + kOffMax) + group * 4 * kPairsPerGroup;
   int* vis_s = reinterpret_cast<int*>(smem + kOffVis) + group * kPairsPerGroup;
-  // The running max of a column is the same in every lane, and its running sum
-  // is kept per warp: both live in shared memory, not in the 232 registers a
-  // compute thread has, of which the output accumulators take 160.
+  // A column's softmax reference is the same in every thread that holds the
+  // column: it lives in shared memory (registers are short), read where it is
+  // used, and when it moves the new values go to the other copy, which then
+  // becomes current.  The column sums of the four warps meet here once, at the end of a unit.
   float* m_s = reinterpret_cast<float*>(smem + kOffM) + group * 2 * kPairsPerGroup;
+  int64_t* q_row_s = reinterpret_cast<int64_t*>(smem + kOffQRow) + group * kPairsPerGroup;
   float* l_s = reinterpret_cast<float*>(smem + kOffL) + group * 4 * kPairsPerGroup + warp * kPairsPerGroup;
   const float scale_log2 = p.scale * kLog2e;
   const int first_share_unit = cur.unit;
 
   int seq = 0;
-  int parity_buf = 0;
 #ifdef MLA_HOPPER_DEBUG
   bool debug_first = true;
 #endif
   int u, t0, t1;
   while (cur.next(off, u, t0, t1)) {
-    const int b = u / sh.groups, grp = u % sh.groups;
+    const int b = u % p.batch, grp = u / p.batch;
     const int kv_len = p.kv_lens[b];
     const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
     const int n_pairs = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup,
                                                        sh.pairs - pair0)));
 
     // Q^T of this warpgroup's pairs: row n = pair pair0 + n, in 9 swizzled 64-dim chunks.
-    named_barrier(bar_id, 128);  // nobody still reads the previous unit's Q or keys visible
+    // Each pair's row in q (a division by the head count) is found once, by
+    // one thread, not once per 16-byte copy: the copy loop is then a few
+    // instructions per copy, which at a unit's start is time no tile hides.
+    named_barrier(bar_id, 128);  // nobody still reads the previous unit's Q, rows or keys visible
+    if (tid < kPairsPerGroup) {
+      const int pr = pair0 + tid, t = pr / p.num_heads, h = pr - t * p.num_heads;
+      const bool real = tid < n_pairs;
+      vis_s[tid] = real ? kv_len - p.q_len + t + 1 : 0;
+      q_row_s[tid] = real ? (int64_t)b * p.q_stride_b + (int64_t)t * p.q_stride_t + (int64_t)h * p.q_stride_h : -1;
+      m_s[tid] = -CUDART_INF_F;
+    }
+    named_barrier(bar_id, 128);
+#pragma unroll 1  // unrolled, its addresses would take registers the accumulators need (and spill)
     for (int i = tid; i < kPairsPerGroup * (kDimQK / 8); i += 128) {
       const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
       const uint32_t dst = q_s + j * (kPairsPerGroup * 128) + n * 128 + ((col ^ (n & 7)) << 4);
-      const int pr = pair0 + n;
-      const bool real = n < n_pairs;
-      cp_async16(dst, real ? (const void*)(q_head(p, b, pr / p.num_heads, pr % p.num_heads) + 8 * c16)
-                           : (const void*)p.q, real ? 16 : 0);
+      const int64_t row = q_row_s[n];
+      cp_async16(dst, row >= 0 ? (const void*)(p.q + row + 8 * c16) : (const void*)p.q, row >= 0 ? 16 : 0);
     }
     cp_async_commit();
-    if (tid < kPairsPerGroup) {
-      const int pr = pair0 + tid;
-      vis_s[tid] = tid < n_pairs ? kv_len - p.q_len + pr / p.num_heads + 1 : 0;
-    }
+    const float* m_cur = m_s;  // the current copy, the same in every thread
     cp_async_wait<0>();
     fence_proxy_async();
     named_barrier(bar_id, 128);
@@ -345,11 +370,13 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
     for (int j = 0; j < kVChunks; ++j)
 #pragma unroll
       for (int r = 0; r < 20; ++r) o[j][r] = 0.f;
-    if (tid < kPairsPerGroup) m_s[tid] = -CUDART_INF_F;
-    if (g == 0)
+    // This thread's columns are k = 2i + e, pair 8i + c + e; its part of
+    // their sums stays in registers for the whole unit.
+    float l_part[10];
 #pragma unroll
-      for (int i = 0; i < 5; ++i) l_s[8 * i + c] = l_s[8 * i + c + 1] = 0.f;
-    int m_buf = 0;
+    for (int k = 0; k < 10; ++k) l_part[k] = 0.f;
+    // Only the last tiles of a stream hide keys from some pairs (the causal draft).
+    const int first_hidden = kv_len - p.q_len + 1;
 
     for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
       // 1. S^T[64 keys, 40 pairs] = K Q^T over the 9 chunks, 4 k-steps each.
@@ -362,6 +389,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       for (int j = 0; j < kChunks; ++j) {
         const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
         mbar_wait(&full[slot], phase0 ^ wrap);
+        fence_proxy_async();  // the chunk was written by cp.async (generic proxy); wgmma reads through the async proxy
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
@@ -374,87 +402,112 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot0]);  // the RoPE chunk (position 0) is done
 
-      // 2. Online softmax down each column (a pair), over this tile's 64 keys:
-      //    the column max of this warp's 16 keys by shuffles, of all 64 through
-      //    shared memory.  Column k = 2i + e of this lane is pair 8i + c + e.
+      // 2. Online softmax down each column (a pair), over this tile's 64 keys.
+      //    The reference m of a column moves only when a score passes it by
+      //    more than kRescaleLog2 (a factor 256), so P = exp2(s - m) stays
+      //    below 256.  Whether any score of the warpgroup does is one barrier
+      //    that ORs a flag; after the first tile it almost never does, and the
+      //    exchange of column maxima through shared memory, and the rescale of
+      //    O^T and the sums, are skipped.
       const int key_lo = tile * kKeysPerTile + 16 * warp + g;
-      float* cm = col_max + parity_buf * 4 * kPairsPerGroup;
-      parity_buf ^= 1;
+      const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
+      bool need = false;
 #pragma unroll
-      for (int i = 0; i < 5; ++i)
+      for (int i = 0; i < 5; ++i) {
+        const float2 m2 = *reinterpret_cast<const float2*>(m_cur + 8 * i + c);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int vis = vis_s[8 * i + c + e];
-          const float lo = key_lo < vis ? s[4 * i + e] * scale_log2 : -CUDART_INF_F;
-          const float hi = key_lo + 8 < vis ? s[4 * i + 2 + e] * scale_log2 : -CUDART_INF_F;
+          float lo = s[4 * i + e] * scale_log2, hi = s[4 * i + 2 + e] * scale_log2;
+          if (edge) {
+            const int vis = vis_s[8 * i + c + e];
+            lo = key_lo < vis ? lo : -CUDART_INF_F;
+            hi = key_lo + 8 < vis ? hi : -CUDART_INF_F;
+          }
           s[4 * i + e] = lo;
           s[4 * i + 2 + e] = hi;
-          float mx = fmaxf(lo, hi);
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          if (g == 0) cm[warp * kPairsPerGroup + 8 * i + c + e] = mx;
+          need |= fmaxf(lo, hi) > (e ? m2.y : m2.x) + kRescaleLog2;  // -inf + 8 is -inf: a first key always moves it
         }
-      named_barrier(bar_id, 128);
-
-      // 3. Per column: the reference max, P = exp2(s - reference) (rounded to
-      //    bf16 for the tensor cores), the sum, and P^T to shared memory: row
-      //    n = pair n, its 64 keys in one swizzled 128-byte row, written by
-      //    stmatrix straight from the fragments.
-      //    The reference moves only when a score passes it by more than
-      //    kRescaleLog2 (a factor 256): P then stays below 256, far from any
-      //    overflow, and the 160 multiplies that rescale O^T and the sums are
-      //    skipped on every tile where no column of the warp moved, which
-      //    after the first tiles is nearly all of them.
-      {
-        auto column = [&](int col, float& m_old, float& m_use) {
-          const float t = fmaxf(fmaxf(cm[col], cm[kPairsPerGroup + col]),
-                                fmaxf(cm[2 * kPairsPerGroup + col], cm[3 * kPairsPerGroup + col]));
-          m_old = m_s[m_buf * kPairsPerGroup + col];
-          const bool move = t > m_old + kRescaleLog2;  // false while no key is seen (t = -inf)
-          const float m_ref = move ? t : m_old;
-          m_use = m_ref == -CUDART_INF_F ? 0.f : m_ref;  // no key seen yet: keep exp2 finite
-          return move;
-        };
-        bool any_move = false;
+      }
+      if (named_barrier_or(bar_id, 128, need)) {
+        float* m_next = m_s + (m_cur == m_s ? kPairsPerGroup : 0);
+        // The column maxima of the 64 keys: of this warp's 16 by shuffles, of
+        // all four warps through shared memory.
 #pragma unroll
-        for (int k = 0; k < 10; ++k) {
-          float m_old, m_use;
-          any_move |= column(8 * (k / 2) + c + k % 2, m_old, m_use);
-        }
-        const bool rescale = __any_sync(0xffffffffu, any_move);
-        const int mat = (lane / 8) % 2, r = lane % 8;
-#pragma unroll
-        for (int i = 0; i < 5; ++i) {
-          float pv[4];
+        for (int i = 0; i < 5; ++i)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int col = 8 * i + c + e;
-            float m_old, m_use;
-            const bool move = column(col, m_old, m_use);
-            const float alpha = move ? exp2f(m_old - m_use) : 1.f;
-            if (warp == 0 && g == 0) m_s[(m_buf ^ 1) * kPairsPerGroup + col] = move ? m_use : m_old;
-            pv[e] = exp2f(s[4 * i + e] - m_use);
-            pv[2 + e] = exp2f(s[4 * i + 2 + e] - m_use);
-            float sum = pv[e] + pv[2 + e];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-            if (g == 0) l_s[col] = l_s[col] * alpha + sum;
-            if (rescale) {
+            float mx = fmaxf(s[4 * i + e], s[4 * i + 2 + e]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            if (g == 0) col_max[warp * kPairsPerGroup + 8 * i + c + e] = mx;
+          }
+        named_barrier(bar_id, 128);
+        auto column = [&](int col, float& m_old, float& alpha) {  // a column's new reference
+          const float t = fmaxf(fmaxf(col_max[col], col_max[kPairsPerGroup + col]),
+                                fmaxf(col_max[2 * kPairsPerGroup + col], col_max[3 * kPairsPerGroup + col]));
+          m_old = m_cur[col];
+          const bool move = t > m_old + kRescaleLog2;  // false while no key is seen (t = -inf)
+          alpha = move ? exp2f(m_old - t) : 1.f;
+          return move ? t : m_old;
+        };
+        bool rescale = false;
+#pragma unroll
+        for (int i = 0; i < 5; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float m_old, alpha;
+            const float m_new = column(8 * i + c + e, m_old, alpha);
+            if (warp == 0 && g == 0) m_next[8 * i + c + e] = m_new;
+            l_part[2 * i + e] *= alpha;
+            rescale |= alpha != 1.f && m_old != -CUDART_INF_F;  // O^T is still 0 while no key was seen
+          }
+        // The 160 multiplies that rescale O^T, only where a column that had
+        // seen keys moved: on a unit's first tile, where every column moves
+        // from -inf, they are skipped.
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+          for (int i = 0; i < 5; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float m_old, alpha;
+              column(8 * i + c + e, m_old, alpha);
 #pragma unroll
               for (int j = 0; j < kVChunks; ++j) {
                 o[j][4 * i + e] *= alpha;
                 o[j][4 * i + 2 + e] *= alpha;
               }
             }
+        }
+        named_barrier(bar_id, 128);  // the new references written
+        m_cur = m_next;
+        // col_max and the old copy are next written after the next OR-barrier,
+        // which every thread reaches only after these reads.
+      }
+
+      // 3. P = exp2(s - m) (rounded to bf16 for the tensor cores), this
+      //    thread's part of the sums, and P^T to shared memory: row n = pair
+      //    n, its 64 keys in one swizzled 128-byte row, written by stmatrix
+      //    straight from the fragments.
+      {
+        const int mat = (lane / 8) % 2, r = lane % 8;
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+          float pv[4];
+          const float2 m2 = *reinterpret_cast<const float2*>(m_cur + 8 * i + c);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float m_ref = e ? m2.y : m2.x;
+            const float m_use = m_ref == -CUDART_INF_F ? 0.f : m_ref;  // no key seen: keep exp2 finite
+            pv[e] = exp2f(s[4 * i + e] - m_use);
+            pv[2 + e] = exp2f(s[4 * i + 2 + e] - m_use);
+            l_part[2 * i + e] += pv[e] + pv[2 + e];
           }
           const int n = 8 * i + r, chunk = 2 * warp + mat;
           stmatrix_x2_trans(p_s + n * 128 + ((chunk ^ (n & 7)) << 4), pack_bf16x2(pv[0], pv[1]),
                             pack_bf16x2(pv[2], pv[3]));
         }
       }
-      m_buf ^= 1;
       fence_proxy_async();
       named_barrier(bar_id, 128);
 #ifdef MLA_HOPPER_DEBUG
@@ -501,10 +554,17 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
 #endif
     }
 
-    // 5. A column's sum is the sum of its four warps' sums.
+    // 5. A column's sum: of this warp's lanes by shuffles, of the four warps through shared memory.
+#pragma unroll
+    for (int k = 0; k < 10; ++k) {
+      float sum = l_part[k];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+      if (g == 0) l_s[8 * (k / 2) + c + k % 2] = sum;
+    }
     named_barrier(bar_id, 128);
     const float* l_all = l_s - warp * kPairsPerGroup;
-    const float* m_fin = m_s + m_buf * kPairsPerGroup;
 
     // 6. Write the unit: whole -> out and lse; cut -> this block's partial slot.
     const bool whole = t0 == 0 && t1 == off[u + 1] - off[u];
@@ -519,7 +579,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
         const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
         const float l = (l_all[n] + l_all[kPairsPerGroup + n]) + (l_all[2 * kPairsPerGroup + n] + l_all[3 * kPairsPerGroup + n]);
         const float inv = 1.f / l;
-        const float lse_nat = (m_fin[n] + log2f(l)) * 0.6931471805599453f;
+        const float lse_nat = (m_cur[n] + log2f(l)) * 0.6931471805599453f;
         if (whole) {
           bf16* dst = out_head(p, b, t, h);
 #pragma unroll
@@ -592,27 +652,32 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 
 // ---- the combine kernel: merge the partials of each cut unit --------------------------
 
-// A block merges one pair of one cut unit: its 256 threads first turn each
-// piece's lse into a weight (one piece per thread), then four groups of 64
-// threads each add a quarter of the pieces over the 512 dims (8 per thread),
-// with eight loads in flight, and shared memory adds the four sums.  A unit of
-// one stream at 8 heads is cut into a piece per block of the grid, so this is
-// up to 256 pieces; done one after another by one thread, their round trips to
-// L2 would cost more than the main kernel.
+// A block merges a slice of the dims of one pair of one cut unit: its 256
+// threads first turn each piece's lse into a weight (one piece per thread),
+// then split into rows that each add every so-many-th piece, a thread holding
+// four dims, with eight loads in flight, and shared memory adds the rows.
+// A unit cut into many pieces (one stream at 8 heads: a piece per block of
+// the grid, up to 256) is merged in four slices of 128 dims, which puts four
+// times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
+// a few pieces are merged whole, so that the grid stays small.
 constexpr int kCombineThreads = 256;
+constexpr int kManySlices = 4;
 
-__global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
-#if MLA_SM90A
-  wait_for_previous_grid();
-  const int local = blockIdx.x, k = blockIdx.y, tid = threadIdx.x;  // pair within the unit's 80; cut unit
-  const int n_cut = p.plan[2];
-  if (k >= n_cut) return;
+__host__ __device__ constexpr int combine_slices(int num_splits, int units) {
+  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit: slice the dims
+}
+
+template <int kSlices>
+__device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int slice, int k) {
+  constexpr int kCols = kDimV / kSlices / 4;          // float4 columns of a slice: 32 or 128
+  constexpr int kRows = kCombineThreads / kCols;      // pieces added side by side: 8 or 2
+  const int tid = threadIdx.x;
   const Shape sh = shape_of(p);
   const int W = p.plan[0], C = p.plan[1];
   const int* off = p.plan + kPlanHeader;
   const int* cut = off + sh.units + 1 + 3 * k;
   const int u = cut[0], c0 = cut[1], pieces = cut[2] - cut[1] + 1;
-  const int b = u / sh.groups, grp = u % sh.groups;
+  const int b = u % p.batch, grp = u / p.batch;
   const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
   const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
   const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
@@ -624,45 +689,49 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   auto row_of = [&](int i) { return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local; };
 
   __shared__ float weight[kMaxSplitsHere];
-  __shared__ float4 part[3][kDimV / 8 * 2];
+  __shared__ float4 part[kRows - 1][kCols];
   const float ls = tid < pieces ? p.lse_partial[row_of(tid)] : -CUDART_INF_F;
   const float mx = block_max<kCombineThreads>(ls);
   const float w = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);  // an empty piece weighs nothing
   if (tid < pieces) weight[tid] = w;
   const float weight_sum = block_sum<kCombineThreads>(w);  // its barriers also publish weight[]
 
-  const int quarter = tid / 64, d8 = tid % 64;  // this thread: pieces quarter, quarter + 4, ...; dims 8 d8 ..
-  float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+  const int row = tid / kCols, col = tid % kCols;
+  const int dim0 = slice * (kDimV / kSlices) + 4 * col;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-  for (int i = quarter; i < pieces; i += 4) {
+  for (int i = row; i < pieces; i += kRows) {
     const float wi = weight[i];
     if (wi == 0.f) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.o_partial + row_of(i) * kDimV) + 2 * d8;
-    const float4 a = src[0], c = src[1];
-    acc0.x += wi * a.x; acc0.y += wi * a.y; acc0.z += wi * a.z; acc0.w += wi * a.w;
-    acc1.x += wi * c.x; acc1.y += wi * c.y; acc1.z += wi * c.z; acc1.w += wi * c.w;
+    const float4 a = *reinterpret_cast<const float4*>(p.o_partial + row_of(i) * kDimV + dim0);
+    acc.x += wi * a.x; acc.y += wi * a.y; acc.z += wi * a.z; acc.w += wi * a.w;
   }
-  if (quarter > 0) {
-    part[quarter - 1][2 * d8] = acc0;
-    part[quarter - 1][2 * d8 + 1] = acc1;
-  }
+  if (row > 0) part[row - 1][col] = acc;
   __syncthreads();
-  if (quarter == 0) {
+  if (row == 0) {
 #pragma unroll
-    for (int q = 0; q < 3; ++q) {
-      const float4 a = part[q][2 * d8], c = part[q][2 * d8 + 1];
-      acc0.x += a.x; acc0.y += a.y; acc0.z += a.z; acc0.w += a.w;
-      acc1.x += c.x; acc1.y += c.y; acc1.z += c.z; acc1.w += c.w;
+    for (int q = 0; q < kRows - 1; ++q) {
+      const float4 a = part[q][col];
+      acc.x += a.x; acc.y += a.y; acc.z += a.z; acc.w += a.w;
     }
     const float inv = 1.f / weight_sum;
-    uint4 packed;
-    packed.x = pack_bf16x2(acc0.x * inv, acc0.y * inv);
-    packed.y = pack_bf16x2(acc0.z * inv, acc0.w * inv);
-    packed.z = pack_bf16x2(acc1.x * inv, acc1.y * inv);
-    packed.w = pack_bf16x2(acc1.z * inv, acc1.w * inv);
-    *reinterpret_cast<uint4*>(out_head(p, b, t, h) + 8 * d8) = packed;
-    if (tid == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
+    uint2 packed;
+    packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+    packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(out_head(p, b, t, h) + dim0) = packed;
+    if (slice == 0 && col == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
   }
+}
+
+__global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
+#if MLA_SM90A
+  wait_for_previous_grid();
+  const int k = blockIdx.y;  // cut unit
+  if (k >= p.plan[2]) return;
+  if (gridDim.x == kPairsPerBlock)
+    combine_slice<1>(p, blockIdx.x, 0, k);
+  else
+    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, k);
 #else
   __trap();
 #endif
@@ -692,10 +761,12 @@ cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cud
 
 LaunchGeometry plan_geometry(const MlaParams&) { return {dim3(1), dim3(kPlanThreads), 0}; }
 LaunchGeometry main_geometry(const MlaParams& p) { return {dim3(p.num_splits), dim3(kThreads), kSmemBytes}; }
-// One block per (pair of a unit, cut unit).  At most one unit per block boundary
-// is cut, and no more units than there are: for one stream, one row of blocks.
+// One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
+// block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
-  return {dim3(kPairsPerBlock, std::min(p.num_splits, shape_of(p).units)), dim3(kCombineThreads), 0};
+  const int units = shape_of(p).units;
+  return {dim3(kPairsPerBlock * combine_slices(p.num_splits, units), std::min(p.num_splits, units)),
+          dim3(kCombineThreads), 0};
 }
 
 }  // namespace
@@ -721,7 +792,10 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   const bool pdl = q.pdl != 0;
   err = launch(hopper_plan_kernel, plan_geometry(q), stream, q, false);
   if (err == cudaSuccess) err = launch(hopper_kernel, main_geometry(q), stream, q, pdl);
-  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, pdl);
+  // The combine is launched plainly: launched early, its blocks would wait on
+  // the few SMs the main kernel leaves free, crowded there eight to an SM, and
+  // start the merge from those (this cost 5 us at one stream of 16384 keys).
+  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, false);
   return err;
 }
 

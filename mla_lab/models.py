@@ -352,15 +352,28 @@ class HopperPlan:
     """What stage 10's scheduler kernel writes: the units, their tiles, each block's share.
 
     A unit is (stream, group of up to 80 pairs); its tiles are its stream's
-    64-key tiles.  All tiles are numbered unit by unit; block ``c`` of the
-    ``blocks`` that get a share takes tiles ``[start(c), start(c + 1))`` with
+    64-key tiles.  Units are numbered group by group (``u = group * streams +
+    stream``) and all tiles unit by unit; block ``c`` of the ``blocks`` that
+    get a share takes tiles ``[start(c), start(c + 1))`` with
     ``start(c) = c * W // blocks``, so shares differ by at most one tile.
+
+    When there are no more groups than blocks, ``blocks`` is a multiple of the
+    groups: every group's tiles are then cut at the same keys, so the blocks of
+    all groups walk a stream's keys together and each key is read from DRAM
+    once, the other groups finding it in L2.
     """
 
     groups: int  # pair groups per stream
     per_group: int  # pairs per group (the last may have fewer)
     offsets: tuple[int, ...]  # first tile of each unit, then W
     blocks: int  # blocks that get a share (0 when there is no tile at all)
+    streams: int = 1
+
+    def stream_of(self, u: int) -> int:
+        return u % self.streams
+
+    def group_of(self, u: int) -> int:
+        return u // self.streams
 
     @property
     def total_tiles(self) -> int:
@@ -407,15 +420,22 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
     pairs = q_len * heads
     groups = _stages.hopper_groups(q_len, heads)
     per_group = -(-pairs // groups)
+    lens = [int(x) for x in kv_lens]
+    tiles = [-(-L // st.keys_per_tile) if L >= q_len and (capacity is None or L <= capacity) else 0 for L in lens]
     offsets, run = [], 0
-    for L in (int(x) for x in kv_lens):
-        ok = L >= q_len and (capacity is None or L <= capacity)
-        for _ in range(groups):
+    for _ in range(groups):
+        for n in tiles:
             offsets.append(run)
-            run += -(-L // st.keys_per_tile) if ok else 0
+            run += n
     offsets.append(run)
-    blocks = 0 if run == 0 else min(max_blocks, -(-run // _stages.HOPPER_MIN_TILES_PER_BLOCK))
-    return HopperPlan(groups, per_group, tuple(offsets), blocks)
+    blocks = hopper_blocks(run, groups, max_blocks)
+    return HopperPlan(groups, per_group, tuple(offsets), blocks, len(lens))
+
+
+def hopper_blocks(total_tiles: int, groups: int, max_blocks: int) -> int:
+    """How many blocks get a share: at least two tiles each, a multiple of the groups when it can be."""
+    blocks = 0 if total_tiles == 0 else min(max_blocks, -(-total_tiles // _stages.HOPPER_MIN_TILES_PER_BLOCK))
+    return blocks - blocks % groups if blocks >= groups else blocks
 
 
 HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this
@@ -441,13 +461,12 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
     partial = {}  # (unit, block) -> {pair: (o, lse)}
 
     def unit_pairs(u):
-        grp = u % plan.groups
-        first = grp * plan.per_group
+        first = plan.group_of(u) * plan.per_group
         return list(range(first, min(T * H, first + plan.per_group)))
 
     for c in range(plan.blocks):
         for u, t0, t1 in plan.share(c):
-            b = u // plan.groups
+            b = plan.stream_of(u)
             L = int(w.kv_lens[b])
             prs = unit_pairs(u)
             q = torch.stack([w.q[b, pr // H, pr % H] for pr in prs]).float()
@@ -485,7 +504,7 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
                     tr.add("partial out", FP32 * D_V)
                     tr.add("partial lse", FP32)
     for u, c0, c1 in plan.cut_units():
-        b = u // plan.groups
+        b = plan.stream_of(u)
         for pr in unit_pairs(u):
             parts = [partial[u][(c, pr)] for c in range(c0, c1 + 1)]
             tr.add("combine reads lse", FP32 * len(parts))
@@ -533,7 +552,7 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
         n_pairs = [len(range(g * plan.per_group, min(T * H, (g + 1) * plan.per_group))) for g in range(plan.groups)]
         for c in range(plan.blocks):
             for u, t0, t1 in plan.share(c):
-                L, n = p.kv_lens[u // plan.groups], n_pairs[u % plan.groups]
+                L, n = p.kv_lens[plan.stream_of(u)], n_pairs[plan.group_of(u)]
                 keys = min(t1 * K, L) - t0 * K
                 tr.add("q", BF16 * D_QK * n)
                 tr.add("block table", INT32 * keys)
@@ -545,7 +564,7 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
                     tr.add("partial out", FP32 * D_V * n)
                     tr.add("partial lse", FP32 * n)
         for u, c0, c1 in plan.cut_units():
-            g, L = u % plan.groups, p.kv_lens[u // plan.groups]
+            g, L = plan.group_of(u), p.kv_lens[plan.stream_of(u)]
             firsts = [max(plan.start(c), plan.offsets[u]) - plan.offsets[u] for c in range(c0, c1 + 1)]
             for pr in range(g * plan.per_group, g * plan.per_group + n_pairs[g]):
                 visible = L - T + pr // H + 1  # a piece starting past the pair's last key left it nothing

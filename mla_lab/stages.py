@@ -130,7 +130,8 @@ class Stage:
             plan, main, combine = HOPPER_KERNELS
             return [Launch(plan, (1, 1, 1), (HOPPER_PLAN_THREADS, 1, 1), 0),
                     Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
-                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK, min(splits, streams * hopper_groups(q_len, heads)), 1),
+                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK * hopper_combine_slices(splits, streams * hopper_groups(q_len, heads)),
+                                     min(splits, streams * hopper_groups(q_len, heads)), 1),
                            (HOPPER_COMBINE_THREADS, 1, 1), 0)]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
@@ -146,6 +147,11 @@ COMBINE_THREADS = 128
 # each; a ring of 15 chunks of a 64-key tile (64 keys x 64 dims, 8 KB each);
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
 # softmax exchange words; 30 mbarriers; 1 KB to align the base to 1024 bytes.
+def hopper_combine_slices(splits: int, units: int) -> int:
+    """Blocks per merged pair in stage 10's combine: four slices of 128 dims when units are cut into many pieces."""
+    return 4 if splits >= 16 * units else 1
+
+
 def hopper_groups(q_len: int, heads: int) -> int:
     """Stage 10's pair groups per stream: its (row, head) pairs in blocks of at most 80."""
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
@@ -158,11 +164,12 @@ HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
 HOPPER_PLAN_THREADS = 256
 HOPPER_COMBINE_THREADS = 256
-HOPPER_MIN_TILES_PER_BLOCK = 2
+HOPPER_MIN_TILES_PER_BLOCK = 1
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring
                      + 2 * (D_QK // 64) * HOPPER_PAIRS_PER_GROUP * 128          # Q^T, per warpgroup
                      + 2 * HOPPER_PAIRS_PER_GROUP * 128                         # P^T, per warpgroup
-                     + 4 * HOPPER_PAIRS_PER_GROUP * (2 * 2 * 4 + 2 + 2 * 2 + 2 * 4)  # maxima, lengths, max, sums
+                     + 4 * HOPPER_PAIRS_PER_GROUP * (2 * 4 + 2 + 2 * 2 + 2 * 4)  # maxima, lengths, references, sums
+                     + 8 * 2 * HOPPER_PAIRS_PER_GROUP                            # each pair's row in q
                      + 2 * HOPPER_RING_CHUNKS * 8 + 1024)                      # mbarriers, alignment
 
 STAGES: tuple[Stage, ...] = (

@@ -33,11 +33,17 @@ def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
     assert plan.groups == groups and plan.per_group <= stages.HOPPER_PAIRS_PER_BLOCK
     assert plan.per_group * groups >= T * H > plan.per_group * (groups - 1)
     tiles = [-(-L // K) if L >= T else 0 for L in lens]  # a stream shorter than its draft gets none
-    expected = [(b * groups + g, t) for b, n in enumerate(tiles) for g in range(groups) for t in range(n)]
-    assert covered(plan) == expected  # each tile of each unit exactly once, in unit order
+    B = len(lens)
+    expected = [(g * B + b, t) for g in range(groups) for b, n in enumerate(tiles) for t in range(n)]
+    assert covered(plan) == expected  # each tile of each unit exactly once, units group by group
+    assert all(plan.stream_of(g * B + b) == b and plan.group_of(g * B + b) == g for g in range(groups) for b in range(B))
     sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
     assert max(sizes) - min(sizes) <= 1
-    assert plan.blocks == min(C, -(-plan.total_tiles // stages.HOPPER_MIN_TILES_PER_BLOCK))
+    most = min(C, -(-plan.total_tiles // stages.HOPPER_MIN_TILES_PER_BLOCK))
+    if most >= groups:  # the largest multiple of the groups that fits
+        assert plan.blocks % groups == 0 and most - groups < plan.blocks <= most
+    else:
+        assert plan.blocks == most
     assert set(sizes) <= {plan.total_tiles // plan.blocks, -(-plan.total_tiles // plan.blocks)}
 
 
@@ -61,6 +67,22 @@ def test_cut_units_are_the_units_split_between_blocks(lens, T, H, C):
         pieces = plan.share(c)
         inner = pieces[1:-1]
         assert all(t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u] for u, t0, t1 in inner)
+
+
+@pytest.mark.parametrize("lens, T, H, C", [c for c in CASES if 1 < stages.hopper_groups(c[1], c[2]) <= c[3]]
+                         + [([16393] * 8, 16, 128, 132), ([9000, 10, 300, 64, 65, 2000, 1, 129], 16, 16, 132)])
+def test_every_group_is_cut_at_the_same_keys(lens, T, H, C):
+    """With no more groups than blocks, group g's share boundaries are group 0's, shifted by g's offset:
+    the blocks of all groups walk each stream's keys in step, so L2 serves the later groups."""
+    plan = hopper_plan(lens, T, H, C)
+    G, B = plan.groups, len(lens)
+    per_group = plan.total_tiles // G
+    assert plan.blocks % G == 0
+    k = plan.blocks // G
+    cuts = [[plan.start(g * k + j) - g * per_group for j in range(k + 1)] for g in range(G)]
+    assert all(cut == cuts[0] for cut in cuts)
+    # and a block's share lies inside one group
+    assert all(plan.group_of(u) == c // k for c in range(plan.blocks) for u, _, _ in plan.share(c))
 
 
 def test_invalid_streams_get_no_tiles():
