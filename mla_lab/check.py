@@ -547,6 +547,7 @@ def readme_section(rec: dict | None = None) -> str:
                              f"{main['memory_end']['allocated']:,} B after, reserved {main['memory_start']['reserved']:,}"
                              f" B and {main['memory_end']['reserved']:,} B.")
                 lines.append("")
+        lines += _later_stage_records(rec)
         failing = _failures(rec)
         if failing:
             lines.append("Where it falls short:")
@@ -575,6 +576,26 @@ def readme_section(rec: dict | None = None) -> str:
                   "`attention()`'s checks read (a host sync), so without them the kernels answer NaN for the stream:",
               "", badinput.markdown_table()]
     return "\n".join(lines)
+
+
+def _later_stage_records(rec: dict) -> list[str]:
+    """Sentences for the records of single stages checked again after ``rec`` (a stage that changed since)."""
+    lines = []
+    for path in sorted(CHECKS.glob("*.json")):
+        if path.stem.endswith("-quick") or str(path.resolve()).endswith(rec["_path"]):
+            continue
+        later = load_record(path)
+        if later is None or later.get("date", "") <= rec["date"] or set(later.get("stages", [])) >= set(rec["stages"]):
+            continue
+        names = ", ".join(f"`{s}`" for s in later["stages"])
+        parts = " ".join(later.get("parts", []))
+        found = "; ".join(f"{part}: {result}{'' if met else ' (**missed**)'}" for part, _, result, met in verdicts(later))
+        lines.append(f"{names} changed after that run and was checked again by `mla-lab check --stages "
+                     f"{' '.join(later['stages'])} --parts {parts}` on {later['gpu']} ({later['date'][:10]}, commit "
+                     f"{later.get('commit') or 'unknown'}) in `{later['_path']}`: {found}. In the table above, "
+                     f"{'its row comes' if len(later['stages']) == 1 else 'their rows come'} from the earlier code.")
+        lines.append("")
+    return lines
 
 
 def _per_stage_table(rec: dict) -> list[str]:

@@ -315,6 +315,28 @@ def test_readme_section_reads_its_figures_from_the_record():
     assert badinput.markdown_table() in text
 
 
+def test_readme_section_names_a_stage_checked_again_later(tmp_path, monkeypatch):
+    # a stage that changed after the full run is checked again alone: the README says so, from that record
+    monkeypatch.setattr(check, "CHECKS", tmp_path)
+    main = _record()
+    later = dict(main, date="2031-02-03T00:00:00+00:00", commit="def456", stages=["hopper"],
+                 parts=["sanitizer", "soak"], seconds=16.0)
+    later["sanitizer"] = dict(main["sanitizer"], runs=[dict(r, status="clean", findings=0)
+                                                        for r in main["sanitizer"]["runs"] if r["stage"] == "hopper"])
+    for key in ("fuzz", "concurrency", "bad_inputs", "extremes"):
+        later.pop(key)
+    (tmp_path / "h200-hopper.json").write_text(json.dumps(later))
+    (tmp_path / "h200-quick.json").write_text(json.dumps(dict(later, date="2032-01-01")))  # quick runs never count
+    text = check.readme_section(main)
+    assert ("`hopper` changed after that run and was checked again by `mla-lab check --stages hopper --parts "
+            "sanitizer soak` on NVIDIA H200 (2031-02-03, commit def456)") in text
+    assert "compute-sanitizer: 4/4 runs clean, 0 findings" in text and "its row comes from the earlier code" in text
+    assert text.count("changed after that run") == 1
+    earlier = dict(later, date="2030-01-01T00:00:00+00:00")  # a record older than the full run says nothing
+    (tmp_path / "h200-hopper.json").write_text(json.dumps(earlier))
+    assert "changed after that run" not in check.readme_section(main)
+
+
 def test_readme_section_without_a_record(monkeypatch):
     monkeypatch.setattr(check, "load_record", lambda path=None: None)
     text = check.readme_section()
