@@ -122,72 +122,88 @@ __device__ __forceinline__ int block_of_tile(int x, int W, int C) {
 
 constexpr int kPlanThreads = 256;
 
+// An exclusive prefix sum of one int per thread over the block (shuffles within
+// each warp, then the warps' totals); `total` receives the sum of all.
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, d);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) warp_totals[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kPlanThreads / 32; ++w) {
+    const int t = warp_totals[w];
+    before += w < warp ? t : 0;
+    all += t;
+  }
+  __syncthreads();  // warp_totals is free again
+  total = all;
+  return before + x - v;
+}
+
+// Every thread takes a run of consecutive units and does all the work for
+// them: their tiles, their first tiles in the order of all tiles, and whether
+// they are cut; two block-wide sums place the runs.  (One thread walking all
+// units did the same in 20 us at 64 units: a 64-bit division per unit and
+// border, one unit after another.)
 __global__ void __launch_bounds__(kPlanThreads) hopper_plan_kernel(const MlaParams p) {
 #if MLA_SM90A
   launch_dependents();  // the main kernel may start launching; it waits for this grid to finish
-  __shared__ int sums[kPlanThreads];
-  __shared__ int total;
+  __shared__ int warp_totals[kPlanThreads / 32];
   const Shape sh = shape_of(p);
   const int tid = threadIdx.x;
   int* off = p.plan + kPlanHeader;
+  int* cut = off + sh.units + 1;
   auto tiles_of = [&](int u) {
     const int len = p.kv_lens[u % p.batch];
     return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
   };
-  // Exclusive prefix sum of the tiles of each unit: thread t takes a run of units.
   const int per_thread = (sh.units + kPlanThreads - 1) / kPlanThreads;
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
   int mine = 0;
   for (int u = u0; u < u1; ++u) mine += tiles_of(u);
-  sums[tid] = mine;
-  __syncthreads();
-  if (tid == 0) {
-    int run = 0;
-    for (int i = 0; i < kPlanThreads; ++i) {
-      const int v = sums[i];
-      sums[i] = run;
-      run += v;
-    }
-    total = run;
-  }
-  __syncthreads();
-  int run = sums[tid];
-  for (int u = u0; u < u1; ++u) {
-    off[u] = run;
-    run += tiles_of(u);
-  }
-  const int W = total;
+  int W;
+  const int first = block_exclusive_sum(mine, warp_totals, W);  // my run's first tile
   const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
   const int C = most >= sh.groups ? most - most % sh.groups : most;  // every group cut at the same keys
+
+  // A unit is cut when its first and last tiles lie in different shares.
+  auto is_cut = [&](int a, int n) { return n > 0 && block_of_tile(a, W, C) != block_of_tile(a + n - 1, W, C); };
+  int n_mine = 0;
+  for (int u = u0, a = first; u < u1; ++u) {
+    const int n = tiles_of(u);
+    off[u] = a;
+    n_mine += is_cut(a, n);
+    a += n;
+  }
+  int n_cut;
+  int k = block_exclusive_sum(n_mine, warp_totals, n_cut);  // my run's first entry in the list of cut units
+  for (int u = u0, a = first; u < u1; ++u) {
+    const int n = tiles_of(u);
+    if (is_cut(a, n)) {
+      cut[3 * k] = u;
+      cut[3 * k + 1] = block_of_tile(a, W, C);
+      cut[3 * k + 2] = block_of_tile(a + n - 1, W, C);
+      ++k;
+    }
+    a += n;
+  }
   if (tid == 0) {
     off[sh.units] = W;
     p.plan[0] = W;
     p.plan[1] = C;
-  }
-  __syncthreads();  // off[] complete
-
-  // The cut units, for the combine kernel (a unit is cut when its first and
-  // last tiles lie in different shares).  One thread: there are at most C.
-  if (tid == 0) {
-    int n_cut = 0;
-    int* cut = off + sh.units + 1;
-    for (int u = 0; u < sh.units && C > 0; ++u) {
-      const int a = off[u], b = off[u + 1];
-      if (a == b) continue;
-      const int c0 = block_of_tile(a, W, C), c1 = block_of_tile(b - 1, W, C);
-      if (c0 != c1) {
-        cut[3 * n_cut] = u;
-        cut[3 * n_cut + 1] = c0;
-        cut[3 * n_cut + 2] = c1;
-        ++n_cut;
-      }
-    }
     p.plan[2] = n_cut;
   }
   // A stream that cannot be computed gets NaN here: no block is given its tiles.
-  for (int b = 0; b < p.batch; ++b) {
+  const int lane = tid % 32;
+  for (int b = tid / 32; b < p.batch; b += kPlanThreads / 32) {
     if (stream_ok(p, p.kv_lens[b])) continue;
-    for (int i = tid; i < p.q_len * p.num_heads; i += kPlanThreads) {
+    for (int i = lane; i < p.q_len * p.num_heads; i += 32) {
       const int t = i / p.num_heads, h = i % p.num_heads;
       for (int d = 0; d < kDimV; ++d) out_head(p, b, t, h)[d] = __float2bfloat16(CUDART_NAN_F);
       *lse_at(p, b, t, h) = CUDART_NAN_F;
