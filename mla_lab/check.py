@@ -582,10 +582,11 @@ def _later_stage_records(rec: dict) -> list[str]:
     """Sentences for the records of single stages checked again after ``rec`` (a stage that changed since)."""
     lines = []
     for path in sorted(CHECKS.glob("*.json")):
-        if path.stem.endswith("-quick") or str(path.resolve()).endswith(rec["_path"]):
+        if path.stem.endswith("-quick"):
             continue
         later = load_record(path)
-        if later is None or later.get("date", "") <= rec["date"] or set(later.get("stages", [])) >= set(rec["stages"]):
+        if (later["_path"] == rec["_path"] or later.get("date", "") <= rec["date"]
+                or set(later.get("stages", [])) >= set(rec["stages"])):
             continue
         names = ", ".join(f"`{s}`" for s in later["stages"])
         parts = " ".join(later.get("parts", []))

@@ -433,7 +433,8 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
 
 
 def hopper_blocks(total_tiles: int, groups: int, max_blocks: int) -> int:
-    """How many blocks get a share: at least two tiles each, a multiple of the groups when it can be."""
+    """How many blocks get a share: at least HOPPER_MIN_TILES_PER_BLOCK tiles each, a multiple of the groups
+    when there are at least as many as groups (so every group's tiles are cut at the same keys)."""
     blocks = 0 if total_tiles == 0 else min(max_blocks, -(-total_tiles // _stages.HOPPER_MIN_TILES_PER_BLOCK))
     return blocks - blocks % groups if blocks >= groups else blocks
 
