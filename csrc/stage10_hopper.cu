@@ -49,6 +49,19 @@ constexpr int kLoaderRegs = 40, kComputeRegs = 232;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the softmax reference before it moves
 
+// Taking work away, for chapter 10's budget of a tile (mla_lab/ablation.py
+// builds these; the op is always built with 0).  MLA_HOPPER_ABLATE = 1: the
+// loader reads neither the cache nor the block table, it zeroes the ring once
+// and publishes each chunk as soon as its slot is free.  2: the compute
+// warpgroups wait for each tile's chunks and hand them straight back, with no
+// product and no softmax.  3: both.  The scheduler, the ring's barriers, Q's
+// load, the outputs and the combine are kept in every variant.
+#ifndef MLA_HOPPER_ABLATE
+#define MLA_HOPPER_ABLATE 0
+#endif
+constexpr bool kCopyKeys = (MLA_HOPPER_ABLATE & 1) == 0;
+constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
+
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
 constexpr int kPBytes = kPairsPerGroup * 128;            // one warpgroup's P^T: 5120
@@ -254,6 +267,16 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
   const uint32_t ring = smem_addr(smem + kOffRing);
   int seq = 0;  // chunks issued so far
   int u, t0, t1;
+  if (!kCopyKeys) {  // the ablation without key copies: the same slots and barriers, no reads
+    for (int i = tid; i < kRing * kChunkBytes / 16; i += 128) st_shared_u128(ring + 16 * i, 0, 0, 0, 0);
+    fence_proxy_async();
+    while (cur.next(off, u, t0, t1))
+      for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
+        if (seq >= kRing) mbar_wait(&empty[seq % kRing], ((seq / kRing) - 1) & 1);
+        mbar_arrive(&full[seq % kRing]);
+      }
+    return;
+  }
   while (cur.next(off, u, t0, t1)) {
     const int b = u % p.batch;
     const int kv_len = p.kv_lens[b];
@@ -395,6 +418,13 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
     const int first_hidden = kv_len - p.q_len + 1;
 
     for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
+      if (!kDoMath) {  // the ablation without math: wait for the tile's chunks, hand them back
+        for (int j = 0; j < kChunks; ++j) mbar_wait(&full[(seq + j) % kRing], ((seq + j) / kRing) & 1);
+        __syncwarp();
+        if (lane == 0)
+          for (int j = 0; j < kChunks; ++j) mbar_arrive(&empty[(seq + j) % kRing]);
+        continue;
+      }
       // 1. S^T[64 keys, 40 pairs] = K Q^T over the 9 chunks, 4 k-steps each.
       float s[20];  // the first wgmma overwrites it (scale-d 0)
       // Each chunk's four k-steps start as soon as that chunk has landed.  The

@@ -1,0 +1,82 @@
+// Stage 10 with part of its work taken away, for chapter 10's budget of a tile.
+//
+// mla_lab/ablation.py compiles this file beside stage10_hopper.cu with
+// -DMLA_HOPPER_ABLATE=1, 2 or 3 (see that file) into a small module of its
+// own: the answers are wrong on purpose, so these variants never become ops.
+// The caller checks its arguments as the op does (mla_lab.validate) before
+// the first call; the checks here only keep a wrong call from reaching the GPU.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "mla_params.h"
+
+namespace mla {
+cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream);
+}
+
+namespace {
+
+void run(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens, double scale,
+         int64_t num_splits, at::Tensor& out, at::Tensor& lse) {
+  const at::Tensor* all[] = {&q, &kv, &bt, &lens, &out, &lse};
+  for (const at::Tensor* t : all)
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "hopper ablation: every tensor must be on q's GPU");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && kv.scalar_type() == at::kBFloat16 &&
+                  out.scalar_type() == at::kBFloat16 && lse.scalar_type() == at::kFloat &&
+                  bt.scalar_type() == at::kInt && lens.scalar_type() == at::kInt,
+              "hopper ablation: q, kv_cache, out bf16; lse float32; block_table, kv_lens int32");
+  TORCH_CHECK(q.dim() == 4 && kv.dim() == 3 && bt.dim() == 2 && lens.dim() == 1 && out.dim() == 4 && lse.dim() == 3,
+              "hopper ablation: q [B, T, H, 576], kv_cache [pages, page_size, 576], block_table [B, pages]");
+  TORCH_CHECK(num_splits >= 1 && num_splits <= 256, "hopper ablation: num_splits must be in 1..256");
+  const at::cuda::CUDAGuard guard(q.device());
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device().index()));
+  TORCH_CHECK(major == 9 && minor == 0, "hopper ablation: needs a compute capability 9.0 GPU (sm_90a)");
+
+  mla::MlaParams p{};
+  p.batch = (int)q.size(0);
+  p.q_len = (int)q.size(1);
+  p.num_heads = (int)q.size(2);
+  p.num_pages = (int)kv.size(0);
+  p.page_size = (int)kv.size(1);
+  p.max_pages = (int)bt.size(1);
+  p.scale = (float)scale;
+  p.q = reinterpret_cast<const bf16*>(q.data_ptr());
+  p.q_stride_b = q.stride(0);
+  p.q_stride_t = q.stride(1);
+  p.q_stride_h = q.stride(2);
+  p.kv = reinterpret_cast<const bf16*>(kv.data_ptr());
+  p.kv_stride_page = kv.stride(0);
+  p.kv_stride_slot = kv.stride(1);
+  p.block_table = bt.data_ptr<int>();
+  p.bt_stride_b = bt.stride(0);
+  p.kv_lens = lens.data_ptr<int>();
+  p.out = reinterpret_cast<bf16*>(out.data_ptr());
+  p.o_stride_b = out.stride(0);
+  p.o_stride_t = out.stride(1);
+  p.o_stride_h = out.stride(2);
+  p.lse = lse.data_ptr<float>();
+  p.lse_stride_b = lse.stride(0);
+  p.lse_stride_t = lse.stride(1);
+  p.lse_stride_h = lse.stride(2);
+  p.num_splits = (int)num_splits;
+  p.pdl = 1;  // as the op launches by default
+  std::vector<at::Tensor> held;  // scratch from the caching allocator, on the call's stream (graph-safe)
+  p.scratch_ctx = &held;
+  p.scratch = [](void* ctx, int64_t bytes) -> void* {
+    auto& h = *static_cast<std::vector<at::Tensor>*>(ctx);
+    h.push_back(at::empty({std::max<int64_t>(bytes, 1)},
+                          at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device())));
+    return h.back().data_ptr();
+  };
+  const cudaError_t err = mla::hopper_launch(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "hopper ablation: launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run, "stage 10 with part of its work taken away"); }

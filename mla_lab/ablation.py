@@ -1,0 +1,139 @@
+"""Stage 10 with part of its work taken away: where the time of a tile goes.
+
+A kernel that overlaps two kinds of work (here the loader's copies of the key
+tiles and the compute warpgroups' products and softmax) runs at the speed of
+the slower one only if the overlap is perfect.  Taking one kind away and timing
+what is left says how long the other takes alone:
+
+* ``no_copies``: the loader reads neither the cache nor the block table; it
+  zeroes its ring of chunks once and publishes each chunk as soon as the slot
+  is free.  What remains is the math, fed as fast as the ring turns.
+* ``no_math``: the compute warpgroups wait for each tile's chunks and hand
+  them straight back.  What remains is the loading.
+* ``neither``: only the skeleton: scheduler, barriers, ``Q``'s load, outputs,
+  combine.
+
+Each variant is ``csrc/stage10_hopper.cu`` compiled with ``-DMLA_HOPPER_ABLATE``
+(1, 2, 3) and ``csrc/stage10_ablation.cpp`` into a module of its own under
+``build/``; its answers are wrong on purpose, so it never becomes an op.  It
+needs a compute capability 9.0 GPU, like the stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from .extension import CSRC, ROOT, arch_target, find_cuda_home, nvcc_flags
+from .problem import Workload
+
+VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
+
+
+def build_defines(variant: str) -> list[str]:
+    """The nvcc flags that select ``variant``'s work."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)}")
+    return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}"]
+
+
+@functools.lru_cache(maxsize=None)
+def load(variant: str, verbose: bool = False):
+    """Build (once) and import the module of ``variant``; it has one function, ``run``."""
+    defines = build_defines(variant)
+    home = find_cuda_home()
+    os.environ["CUDA_HOME"] = str(home)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    import torch.utils.cpp_extension as cpp
+
+    cpp.CUDA_HOME = str(home)
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")  # the stage exists only for sm_90a
+    out = ROOT / "build" / f"ablate-{variant}-sm90a"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp.load(name=f"mla_lab_hopper_{variant}", sources=[str(CSRC / "stage10_hopper.cu"),
+                                                                    str(CSRC / "stage10_ablation.cpp")],
+                        extra_cflags=["-O3"], extra_cuda_cflags=nvcc_flags() + defines,
+                        extra_include_paths=[str(CSRC)], build_directory=str(out), verbose=verbose)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+def sass_counts(variant: str | None) -> dict[str, int]:
+    """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
+
+    ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
+    ``Q``; ``SYNCS``: the barrier operations.  A static count (each instruction
+    once, however often it runs), from nvcc and cuobjdump, with no GPU.
+    """
+    import re
+    import subprocess
+
+    from .chapter_display import cuobjdump
+    from .resources import TORCH_NVCC_DEFINES
+
+    defines = [] if variant is None else build_defines(variant)
+    out = ROOT / "build" / "ptxas" / f"stage10_hopper-{variant or 'op'}.sm90a.cubin"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(find_cuda_home() / "bin" / "nvcc"), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *nvcc_flags(),
+           *TORCH_NVCC_DEFINES, *defines, "-I", str(CSRC), "-o", str(out), str(CSRC / "stage10_hopper.cu")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed on stage10_hopper.cu ({variant or 'op'}):\n{done.stderr}")
+    tool = cuobjdump()
+    if tool is None:
+        raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
+    text = subprocess.run([tool, "-sass", str(out)], capture_output=True, text=True, check=True).stdout
+    body = next(p for p in re.split(r"\n\s*Function : ", text) if "hopper_kernel" in p.splitlines()[0])
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", body)
+    return {name: sum(op.startswith(name) for op in ops) for name in ("HGMMA", "LDGSTS", "SYNCS")}
+
+
+def flashmla_runner(w: Workload):
+    """FlashMLA's call on ``w`` (as ``mla-lab bench --peers`` times it), or ``None`` where it is not importable."""
+    try:
+        import flash_mla  # noqa: F401
+    except Exception:
+        return None
+    from .bench import _peer_runner
+
+    return _peer_runner("flashmla", w)
+
+
+def load_all() -> dict:
+    """Build every variant, three compilations side by side; returns ``{variant: module}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(VARIANTS)) as pool:
+        return dict(zip(VARIANTS, pool.map(load, VARIANTS)))
+
+
+def runner(variant: str, w: Workload, *, num_splits: int | None = None):
+    """A no-argument call of ``variant`` on ``w``, like :func:`mla_lab.ops.runner` for the op.
+
+    The arguments go through the op's own checks first, and the grid is the
+    op's (``num_splits`` by default: one block per SM), so the variant and the op
+    differ only in the work the variant leaves out.
+    """
+    from . import ops, stages
+    from .validate import check_contents, check_metadata
+
+    st = stages.get("hopper")
+    check_metadata(*w.args(), device_type="cuda", align_bytes=st.align_bytes, name=f"hopper ({variant})")
+    check_contents(*w.args()[:4], name=f"hopper ({variant})")
+    module = load(variant)
+    ns = int(num_splits if num_splits is not None else ops.default_num_splits(st, w.q, w.kv_cache, w.block_table))
+    out, lse = w.new_outputs(poison=True)
+    q, kv, bt, lens = w.args()[:4]
+    scale = float(w.scale)
+
+    def call():
+        module.run(q, kv, bt, lens, scale, ns, out, lse)
+
+    call.out, call.lse = out, lse  # type: ignore[attr-defined]
+    return call
