@@ -22,10 +22,9 @@ needs a compute capability 9.0 GPU, like the stage.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 
-from .extension import CSRC, ROOT, arch_target, find_cuda_home, nvcc_flags
+from .extension import CSRC, ROOT, arch_target, cpp_extension, find_cuda_home, nvcc_flags
 from .problem import Workload
 
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
@@ -42,12 +41,7 @@ def build_defines(variant: str) -> list[str]:
 def load(variant: str, verbose: bool = False):
     """Build (once) and import the module of ``variant``; it has one function, ``run``."""
     defines = build_defines(variant)
-    home = find_cuda_home()
-    os.environ["CUDA_HOME"] = str(home)
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    import torch.utils.cpp_extension as cpp
-
-    cpp.CUDA_HOME = str(home)
+    cpp = cpp_extension()
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")  # the stage exists only for sm_90a
     out = ROOT / "build" / f"ablate-{variant}-sm90a"
@@ -71,27 +65,17 @@ def sass_counts(variant: str | None) -> dict[str, int]:
     ``Q``; ``SYNCS``: the barrier operations.  A static count (each instruction
     once, however often it runs), from nvcc and cuobjdump, with no GPU.
     """
-    import re
-    import subprocess
+    from .chapter_display import count_opcodes, instruction_mix, kernel_sass, sass
+    from .resources import _compile, cubin_path
 
-    from .chapter_display import cuobjdump
-    from .resources import TORCH_NVCC_DEFINES
-
-    defines = [] if variant is None else build_defines(variant)
-    out = ROOT / "build" / "ptxas" / f"stage10_hopper-{variant or 'op'}.sm90a.cubin"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(find_cuda_home() / "bin" / "nvcc"), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *nvcc_flags(),
-           *TORCH_NVCC_DEFINES, *defines, "-I", str(CSRC), "-o", str(out), str(CSRC / "stage10_hopper.cu")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on stage10_hopper.cu ({variant or 'op'}):\n{done.stderr}")
-    tool = cuobjdump()
-    if tool is None:
-        raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
-    text = subprocess.run([tool, "-sass", str(out)], capture_output=True, text=True, check=True).stdout
-    body = next(p for p in re.split(r"\n\s*Function : ", text) if "hopper_kernel" in p.splitlines()[0])
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", body)
-    return {name: sum(op.startswith(name) for op in ops) for name in ("HGMMA", "LDGSTS", "SYNCS")}
+    if variant is None:
+        text = sass("hopper", "9.0")
+    else:
+        src, tag = CSRC / "stage10_hopper.cu", f"-{variant}"
+        _compile(src, "9.0", str(find_cuda_home() / "bin" / "nvcc"), build_defines(variant), tag)
+        text = kernel_sass(cubin_path(src, "9.0", tag), "hopper_kernel")
+    mix = instruction_mix(text)
+    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS")}
 
 
 def flashmla_runner(w: Workload):

@@ -92,12 +92,15 @@ def sass(stage_id: str, arch: str = "9.0") -> str:
 
     ptxas_report(arch)  # makes sure build/ptxas/<file>.sm<arch>.cubin exists
     cubin = ROOT / "build" / "ptxas" / f"{Path(stages.get(stage_id).source).stem}.sm{arch.replace('.', '')}.cubin"
+    return kernel_sass(cubin, stages.get(stage_id).kernel)
+
+
+def kernel_sass(cubin: Path, kernel: str) -> str:
+    """The disassembly of one kernel (its function body) in a compiled ``cubin``."""
     tool = cuobjdump()
     if tool is None:
         raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
     text = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    kernel = stages.get(stage_id).kernel
-    # keep only the main kernel's function body
     parts = re.split(r"\n\s*Function : ", text)
     return next((p for p in parts if kernel in p.splitlines()[0]), text)
 
@@ -113,7 +116,15 @@ def sass_instruction_mix(stage_id: str, arch: str = "9.0") -> Counter:
     A static count: each instruction once, however often it runs.  A predicate
     (``@P0``, ``@!UP1``) is not part of the opcode.
     """
-    return Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass(stage_id, arch)))
+    return instruction_mix(sass(stage_id, arch))
+
+
+def instruction_mix(text: str) -> Counter:
+    """The opcodes of a SASS listing, counted as :func:`sass_instruction_mix` counts them.
+
+    An address has four hex digits or more: a kernel longer than 64 KB has five.
+    """
+    return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text))
 
 
 def count_opcodes(mix: Counter, *prefixes: str) -> int:

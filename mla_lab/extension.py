@@ -114,19 +114,7 @@ def load(verbose: bool | None = None):
     (shape-only) implementations, which ``torch.compile`` needs, live in
     :mod:`mla_lab.ops`: call :func:`mla_lab.load_ops` to get both.
     """
-    home = find_cuda_home()
-    os.environ["CUDA_HOME"] = str(home)
-    import logging
-
-    import torch
-
-    # Without a GPU, cpp_extension warns on import that it found no CUDA runtime;
-    # building for a GPU that is elsewhere is what we mean to do.
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    import torch.utils.cpp_extension as cpp
-
-    # torch computed its CUDA_HOME when cpp_extension was first imported.
-    cpp.CUDA_HOME = str(home)
+    cpp = cpp_extension()
     archs = target_archs()
     os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(arch_target(a) for a in archs)
     out = build_dir(archs)
@@ -142,8 +130,23 @@ def load(verbose: bool | None = None):
         build_directory=str(out),
         verbose=verbose,
     )
-    del torch
     return module
+
+
+def cpp_extension():
+    """``torch.utils.cpp_extension``, set to build with the toolkit :func:`find_cuda_home` finds."""
+    home = find_cuda_home()
+    os.environ["CUDA_HOME"] = str(home)
+    import logging
+
+    # Without a GPU, cpp_extension warns on import that it found no CUDA runtime;
+    # building for a GPU that is elsewhere is what we mean to do.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    import torch.utils.cpp_extension as cpp
+
+    # torch computed its CUDA_HOME when cpp_extension was first imported.
+    cpp.CUDA_HOME = str(home)
+    return cpp
 
 
 STAGE_LIST = CSRC / "stage_list.h"

@@ -22,6 +22,7 @@ import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .extension import CSRC, ROOT, arch_target, find_cuda_home, nvcc_flags, source_digest
 
@@ -96,17 +97,22 @@ def kernel_sources():
     return sorted(CSRC.glob("*.cu"))
 
 
-def _compile(src, arch: str, nvcc: str) -> tuple[str, str]:
+def _compile(src, arch: str, nvcc: str, defines=(), tag: str = "") -> tuple[str, str]:
+    """Compile ``src`` to build/ptxas/<stem><tag>.sm<arch>.cubin; returns (its name, ptxas's report)."""
     sm = arch.replace(".", "")
     target = arch_target(arch).replace(".", "")  # 9.0 is built as sm_90a, as the extension is
-    out = ROOT / "build" / "ptxas" / f"{src.stem}.sm{sm}.cubin"
+    out = cubin_path(src, arch, tag)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [nvcc, "-cubin", f"-gencode=arch=compute_{target},code=sm_{target}", *nvcc_flags(), *TORCH_NVCC_DEFINES,
-           "-Xptxas", "-v", "-I", str(CSRC), "-o", str(out), str(src)]
+           *defines, "-Xptxas", "-v", "-I", str(CSRC), "-o", str(out), str(src)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {src.name} for sm_{sm}:\n{done.stderr}")
+        raise RuntimeError(f"nvcc failed on {src.name}{tag} for sm_{sm}:\n{done.stderr}")
     return src.name, done.stderr + done.stdout
+
+
+def cubin_path(src, arch: str, tag: str = "") -> Path:
+    return ROOT / "build" / "ptxas" / f"{Path(src).stem}{tag}.sm{arch.replace('.', '')}.cubin"
 
 
 def ptxas_report(arch: str = "9.0", *, refresh: bool = False) -> list[KernelResources]:
