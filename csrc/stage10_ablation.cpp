@@ -1,8 +1,10 @@
-// Stage 10 with part of its work taken away, for chapter 10's budget of a tile.
+// Stage 10 with part of its work taken away, for chapter 10's budget of a tile,
+// or with a timeline of its tiles.
 //
 // mla_lab/ablation.py compiles this file beside stage10_hopper.cu with
-// -DMLA_HOPPER_ABLATE=1, 2 or 3 (see that file) into a small module of its
-// own: the answers are wrong on purpose, so these variants never become ops.
+// -DMLA_HOPPER_ABLATE=1, 2 or 3, or with -DMLA_HOPPER_TIMELINE=1 (see that
+// file), into a small module of its own: the answers of the first three are
+// wrong on purpose, and the last one only adds clock reads, so none becomes an op.
 // The caller checks its arguments as the op does (mla_lab.validate) before
 // the first call; the checks here only keep a wrong call from reaching the GPU.
 #include <c10/cuda/CUDAGuard.h>
@@ -15,6 +17,10 @@
 
 namespace mla {
 cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream);
+#if MLA_HOPPER_TIMELINE
+cudaError_t hopper_timeline_read(float* host, int capacity);
+cudaError_t hopper_timeline_clear();
+#endif
 }
 
 namespace {
@@ -79,4 +85,22 @@ void run(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const 
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run, "stage 10 with part of its work taken away"); }
+#if MLA_HOPPER_TIMELINE
+// The stamps of the last call: [compute warpgroup, tile, event] as in
+// stage10_hopper.cu, SM clock cycles from each warpgroup's start.
+at::Tensor timeline_read(int64_t tiles, int64_t events) {
+  at::Tensor stamps = at::zeros({2, tiles, events}, at::TensorOptions().dtype(at::kFloat));
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  C10_CUDA_CHECK(mla::hopper_timeline_read(stamps.data_ptr<float>(), (int)stamps.numel()));
+  return stamps;
+}
+void timeline_clear() { C10_CUDA_CHECK(mla::hopper_timeline_clear()); }
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("run", &run, "stage 10 with part of its work taken away");
+#if MLA_HOPPER_TIMELINE
+  m.def("timeline_read", &timeline_read, "the clock stamps of block 0's tiles in the last call");
+  m.def("timeline_clear", &timeline_clear, "zero the stamps");
+#endif
+}

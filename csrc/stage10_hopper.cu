@@ -62,6 +62,27 @@ constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the
 constexpr bool kCopyKeys = (MLA_HOPPER_ABLATE & 1) == 0;
 constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 
+// A tile's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
+// variant "timeline"; the op is always built with 0).  With
+// MLA_HOPPER_TIMELINE = 1, thread 0 of each compute warpgroup of block 0
+// writes the SM's clock at six points of each of its first kStampTiles tiles,
+// counted from the warpgroup's start, into tile_stamps; the host reads them with
+// hopper_timeline_read.  Only these stores are added.
+#ifndef MLA_HOPPER_TIMELINE
+#define MLA_HOPPER_TIMELINE 0
+#endif
+constexpr int kStampTiles = 64, kStampEvents = 6;
+#if MLA_HOPPER_TIMELINE
+// [warpgroup][tile][event]: tile start, scores done, softmax pass done, P^T
+// stored, the products of P V issued, and done.
+__device__ float tile_stamps[2][kStampTiles][kStampEvents];
+#define MLA_STAMP(event) \
+  if (blockIdx.x == 0 && tid == 0 && stamp_tile < kStampTiles) \
+    tile_stamps[group][stamp_tile][event] = float(clock64() - stamp_start)
+#else
+#define MLA_STAMP(event)
+#endif
+
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
 constexpr int kPBytes = kPairsPerGroup * 128;            // one warpgroup's P^T: 5120
@@ -367,6 +388,10 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
   const int first_share_unit = cur.unit;
 
   int seq = 0;
+#if MLA_HOPPER_TIMELINE
+  const long long stamp_start = clock64();
+  int stamp_tile = 0;
+#endif
 #ifdef MLA_HOPPER_DEBUG
   bool debug_first = true;
 #endif
@@ -430,6 +455,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       // Each chunk's four k-steps start as soon as that chunk has landed.  The
       // slot and phase of chunk seq + j follow from those of chunk seq.
       const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
+      MLA_STAMP(0);
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
@@ -447,6 +473,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       MLA_DEBUG_DUMP(0, p.debug[row * kPairsPerGroup + col] = s[r];)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot0]);  // the RoPE chunk (position 0) is done
+      MLA_STAMP(1);
 
       // 2. Online softmax down each column (a pair), over this tile's 64 keys.
       //    The reference m of a column moves only when a score passes it by
@@ -531,6 +558,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
         // which every thread reaches only after these reads.
       }
 
+      MLA_STAMP(2);
       // 3. P = exp2(s - m) (rounded to bf16 for the tensor cores), this
       //    thread's part of the sums, and P^T to shared memory: row n = pair
       //    n, its 64 keys in one swizzled 128-byte row, written by stmatrix
@@ -570,6 +598,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       //    position j + 1, read MN-major.
       //    (The rescale above must be done before the wgmmas read O: pinning the
       //    accumulators here keeps the compiler from sinking it past the fence.)
+      MLA_STAMP(3);
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
       wgmma_fence();
@@ -581,6 +610,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
           wgmma_m64n40k16<1>(o[j], ring_desc + ((slot * kChunkBytes + 2048 * ks) >> 4), p_desc + ((32 * ks) >> 4), 1);
         wgmma_commit();  // one group per dim tile, so its chunk can go back first
       }
+      MLA_STAMP(4);
       // Hand each chunk back to the loader as soon as its products are done: the
       // next tile's last chunks wait for exactly these slots.
       release_after<7>(empty, slot0 + 1, lane);
@@ -591,6 +621,10 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
       release_after<2>(empty, slot0 + 6, lane);
       release_after<1>(empty, slot0 + 7, lane);
       release_after<0>(empty, slot0 + 8, lane);
+      MLA_STAMP(5);
+#if MLA_HOPPER_TIMELINE
+      ++stamp_tile;
+#endif
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
       MLA_DEBUG_DUMP(0, for (int j = 0; j < kVChunks; ++j)
@@ -844,6 +878,19 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, false);
   return err;
 }
+
+#if MLA_HOPPER_TIMELINE
+// The stamps of the last call, [2][kStampTiles][kStampEvents] floats (0 where
+// no tile), into `host`, which holds `capacity` floats.
+cudaError_t hopper_timeline_read(float* host, int capacity) {
+  if (capacity < int(sizeof(tile_stamps) / sizeof(float))) return cudaErrorInvalidValue;
+  return cudaMemcpyFromSymbol(host, tile_stamps, sizeof(tile_stamps));
+}
+cudaError_t hopper_timeline_clear() {
+  static const float zeros[2][kStampTiles][kStampEvents] = {};
+  return cudaMemcpyToSymbol(tile_stamps, zeros, sizeof(zeros));
+}
+#endif
 
 int hopper_kernels(const KernelHandle** handles) {
   static const KernelHandle kernels[] = {

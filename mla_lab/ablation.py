@@ -17,6 +17,13 @@ Each variant is ``csrc/stage10_hopper.cu`` compiled with ``-DMLA_HOPPER_ABLATE``
 (1, 2, 3) and ``csrc/stage10_ablation.cpp`` into a module of its own under
 ``build/``; its answers are wrong on purpose, so it never becomes an op.  It
 needs a compute capability 9.0 GPU, like the stage.
+
+One more build, ``timeline`` (``-DMLA_HOPPER_TIMELINE=1``), does all the work
+and adds clock reads: thread 0 of each compute warpgroup of block 0 stamps six
+points of each tile (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and
+:func:`timeline_summary` says how long each phase takes and for how much of a
+tile both warpgroups are in their softmax at once, when neither has a product
+on the tensor cores.
 """
 
 from __future__ import annotations
@@ -28,12 +35,18 @@ from .extension import CSRC, ROOT, arch_target, cpp_extension, find_cuda_home, n
 from .problem import Workload
 
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
+TIMELINE = "timeline"
+# What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
+STAMP_TILES = 64
+STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
 
 
 def build_defines(variant: str) -> list[str]:
-    """The nvcc flags that select ``variant``'s work."""
+    """The compiler flags that select ``variant``'s work (or the timeline build)."""
+    if variant == TIMELINE:
+        return ["-DMLA_HOPPER_TIMELINE=1"]
     if variant not in VARIANTS:
-        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} (and {TIMELINE!r})")
     return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}"]
 
 
@@ -49,7 +62,7 @@ def load(variant: str, verbose: bool = False):
     try:
         return cpp.load(name=f"mla_lab_hopper_{variant}", sources=[str(CSRC / "stage10_hopper.cu"),
                                                                     str(CSRC / "stage10_ablation.cpp")],
-                        extra_cflags=["-O3"], extra_cuda_cflags=nvcc_flags() + defines,
+                        extra_cflags=["-O3", *defines], extra_cuda_cflags=nvcc_flags() + defines,
                         extra_include_paths=[str(CSRC)], build_directory=str(out), verbose=verbose)
     finally:
         if previous is None:
@@ -121,3 +134,51 @@ def runner(variant: str, w: Workload, *, num_splits: int | None = None):
 
     call.out, call.lse = out, lse  # type: ignore[attr-defined]
     return call
+
+
+def timeline(w: Workload, *, num_splits: int | None = None):
+    """The stamps of one call on ``w``: a float array ``[2, STAMP_TILES, 6]``.
+
+    ``[g, t, e]`` is the SM clock, in cycles from the start of compute
+    warpgroup ``g`` of block 0, at event ``e`` (:data:`STAMP_EVENTS`) of its
+    tile ``t``; zero where the block had no such tile.  Both warpgroups start
+    together, after the block's barrier, so their clocks can be compared.
+    The call is made once to warm up, then again with the stamps cleared.
+    """
+    import numpy as np
+
+    call = runner(TIMELINE, w, num_splits=num_splits)
+    module = load(TIMELINE)
+    call()
+    module.timeline_clear()
+    call()
+    return np.asarray(module.timeline_read(STAMP_TILES, len(STAMP_EVENTS)))
+
+
+def timeline_summary(stamps, first: int = 2) -> dict:
+    """Mean cycles of each phase of a tile, and how much of a tile the two warpgroups' softmax overlap.
+
+    Tiles ``first`` onwards count (the first ones include the pipeline's start),
+    up to the last tile whose successor also started (its period is known).
+    ``overlap`` is the mean, over those tiles, of the time both warpgroups
+    spend between "scores done" and "P stored" at once, as a fraction of the
+    tile's period: a time when neither has a product in flight.
+    """
+    import numpy as np
+
+    st = np.asarray(stamps, dtype=float)
+    started = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all() and (st[:, t, 5] > 0).all()]
+    tiles = [t for t in started if t >= first and t + 1 in started]
+    if not tiles:
+        raise ValueError("no complete tile after the first ones: the block had too few")
+    phases = {"scores": (0, 1), "softmax pass": (1, 2), "P to shared memory": (2, 3),
+              "products issued": (3, 4), "products drained": (4, 5)}
+    out = {name: float(np.mean([st[g, t, b] - st[g, t, a] for g in (0, 1) for t in tiles]))
+           for name, (a, b) in phases.items()}
+    period = [float(np.mean([st[g, t + 1, 0] - st[g, t, 0] for g in (0, 1)])) for t in tiles]
+    out["tile"] = float(np.mean(period))
+    both = [max(0.0, min(st[0, t, 3], st[1, t, 3]) - max(st[0, t, 1], st[1, t, 1])) / p
+            for t, p in zip(tiles, period)]
+    out["overlap"] = float(np.mean(both))
+    out["tiles"] = len(tiles)
+    return out

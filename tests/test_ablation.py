@@ -30,10 +30,64 @@ def test_an_unknown_variant_is_refused():
         ablation.build_defines("no_softmax")
 
 
+def test_the_timeline_build_only_adds_clock_reads(counts):
+    import re
+
+    from mla_lab.extension import CSRC
+
+    src = (CSRC / "stage10_hopper.cu").read_text()
+    found = re.search(r"constexpr int kStampTiles = (\d+), kStampEvents = (\d+);", src)
+    assert found and (int(found[1]), int(found[2])) == (ablation.STAMP_TILES, len(ablation.STAMP_EVENTS))
+    timeline = ablation.sass_counts(ablation.TIMELINE)
+    assert timeline["HGMMA"] == counts[None]["HGMMA"] and timeline["LDGSTS"] == counts[None]["LDGSTS"]
+    assert ablation.TIMELINE not in ablation.VARIANTS  # not an ablation: chapter 10 times those
+
+
+def test_the_timeline_summary_reads_phases_and_overlap():
+    import numpy as np
+
+    st = np.zeros((2, ablation.STAMP_TILES, len(ablation.STAMP_EVENTS)))
+    for g in (0, 1):
+        for t in range(10):  # the second warpgroup 50 cycles behind
+            base = 1000 * t + 50 * g + 1
+            st[g, t] = [base, base + 400, base + 500, base + 700, base + 900, base + 950]
+    s = ablation.timeline_summary(st)
+    assert s["tiles"] == 7 and s["tile"] == pytest.approx(1000)  # tiles 2..8 (9 has no successor)
+    assert (s["scores"], s["softmax pass"], s["P to shared memory"]) == pytest.approx((400, 100, 200))
+    assert s["overlap"] == pytest.approx(0.25)  # [400, 700] and [450, 750] share 250 cycles
+    with pytest.raises(ValueError, match="no complete tile"):
+        ablation.timeline_summary(st[:, :3])
+
+
 def test_the_runner_checks_arguments_as_the_op_does():
     w = make_workload(Problem(streams=1, q_len=2, heads=2, prefix=10), seed=0)  # on the CPU
     with pytest.raises(InputError, match="hopper \\(no_math\\)"):
         ablation.runner("no_math", w)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                    reason="stage 10 runs on compute capability 9.0 only")
+def test_the_timeline_build_computes_what_the_op_does_and_stamps_in_order():
+    from mla_lab.reference import reference_attention
+    from mla_lab.verify import compare
+
+    w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), device="cuda",
+                      seed=6, poison=True)
+    call = ablation.runner(ablation.TIMELINE, w)
+    call()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
+    st = ablation.timeline(w)
+    tiles = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all()]
+    assert len(tiles) >= 3
+    for g in (0, 1):
+        for t in tiles:
+            assert (st[g, t, 1:] >= st[g, t, :-1]).all()  # the six points in order
+        for t in tiles[:-1]:
+            assert st[g, t + 1, 0] >= st[g, t, 5]  # a tile starts after the last one ended
+    assert ablation.timeline_summary(st)["tile"] > 0
 
 
 @needs_gpu

@@ -1,0 +1,84 @@
+"""How fast the tensor cores run one ``wgmma`` shape: a probe of the hardware for chapter 10.
+
+Stage 10 turns the products around so that the keys are the M side (64) of
+``wgmma`` and the (row, head) pairs its N side: 40 per warpgroup.  Is N = 40
+as fast, per multiply-add, as the N = 64 of FlashMLA's score tiles?  The
+probe (``csrc/probes/wgmma_rate.cu``) has every SM run one or two warpgroups
+that issue nothing but ``m64nNk16`` wgmmas from shared memory, and counts
+clock cycles.  :func:`measure` returns, per N and warpgroup count, the
+cycles per wgmma of each warpgroup and the multiply-adds per clock of the SM,
+against the :data:`PEAK_MACS_PER_CLOCK` of the datasheet.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from .extension import CSRC, ROOT, arch_target, cpp_extension, find_cuda_home, nvcc_flags
+
+SOURCE = CSRC / "probes" / "wgmma_rate.cu"
+NS = (40, 64, 80, 128)
+PEAK_MACS_PER_CLOCK = 2048  # dense bf16 multiply-adds per clock and SM: 989 TFLOP/s / (132 SMs x 1.83 GHz) / 2
+
+
+@functools.lru_cache(maxsize=None)
+def load(verbose: bool = False):
+    """Build (once) and import the probe's module, for sm_90a."""
+    cpp = cpp_extension()
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")
+    out = ROOT / "build" / "wgmma-rate-sm90a"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp.load(name="mla_lab_wgmma_rate", sources=[str(SOURCE), str(CSRC / "probes" / "wgmma_rate_binding.cpp")],
+                        extra_cflags=["-O3"], extra_cuda_cflags=nvcc_flags(), build_directory=str(out), verbose=verbose)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
+    """One row per (N, warpgroups): median cycles per wgmma of a warpgroup, and MACs per clock of an SM.
+
+    One block per SM, so every SM is busy, as in stage 10's persistent grid.
+    A first run of each shape warms the clocks up and is discarded.
+    """
+    import torch
+
+    module = load()
+    per_batch = module.per_batch()
+    blocks = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rows = []
+    for n in ns:
+        for wg in warpgroups:
+            module.cycles(n, wg, blocks, iters)
+            cycles = module.cycles(n, wg, blocks, iters).double()
+            per_wgmma = float(cycles.median()) / (iters * per_batch)
+            macs = 64 * n * 16 * wg / per_wgmma
+            rows.append(dict(n=n, warpgroups=wg, cycles_per_wgmma=per_wgmma, macs_per_clock=macs,
+                             of_peak=macs / PEAK_MACS_PER_CLOCK))
+    return rows
+
+
+def sass_shapes() -> dict[str, int]:
+    """The ``HGMMA`` instructions of the probe compiled for sm_90a, by shape: needs nvcc, no GPU."""
+    import re
+
+    from .chapter_display import cuobjdump
+    from .resources import _compile, cubin_path
+
+    _compile(SOURCE, "9.0", str(find_cuda_home() / "bin" / "nvcc"))
+    tool = cuobjdump()
+    if tool is None:
+        raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
+    import subprocess
+
+    text = subprocess.run([tool, "-sass", str(cubin_path(SOURCE, "9.0"))], capture_output=True, text=True,
+                          check=True).stdout
+    found: dict[str, int] = {}
+    for shape in re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", text):
+        found[shape] = found.get(shape, 0) + 1
+    return found
