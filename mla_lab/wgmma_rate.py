@@ -48,6 +48,9 @@ def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
     """
     import torch
 
+    unknown = sorted(set(ns) - set(NS)) + sorted(set(warpgroups) - {1, 2})
+    if unknown:
+        raise ValueError(f"the probe has N in {NS} and one or two warpgroups; not {unknown}")
     module = load()
     per_batch = module.per_batch()
     blocks = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
