@@ -29,9 +29,8 @@ on the tensor cores.
 from __future__ import annotations
 
 import functools
-import os
 
-from .extension import CSRC, ROOT, arch_target, cpp_extension, find_cuda_home, nvcc_flags
+from .extension import CSRC, find_cuda_home, load_sm90a
 from .problem import Workload
 
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
@@ -52,23 +51,9 @@ def build_defines(variant: str) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def load(variant: str, verbose: bool = False):
-    """Build (once) and import the module of ``variant``; it has one function, ``run``."""
-    defines = build_defines(variant)
-    cpp = cpp_extension()
-    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")  # the stage exists only for sm_90a
-    out = ROOT / "build" / f"ablate-{variant}-sm90a"
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp.load(name=f"mla_lab_hopper_{variant}", sources=[str(CSRC / "stage10_hopper.cu"),
-                                                                    str(CSRC / "stage10_ablation.cpp")],
-                        extra_cflags=["-O3", *defines], extra_cuda_cflags=nvcc_flags() + defines,
-                        extra_include_paths=[str(CSRC)], build_directory=str(out), verbose=verbose)
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+    """Build (once) and import the module of ``variant``; it has one function, ``run`` (and the timeline's two)."""
+    return load_sm90a(f"mla_lab_hopper_{variant}", [CSRC / "stage10_hopper.cu", CSRC / "stage10_ablation.cpp"],
+                      f"ablate-{variant}-sm90a", build_defines(variant), verbose)
 
 
 def sass_counts(variant: str | None) -> dict[str, int]:

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,6 +148,41 @@ def cpp_extension():
     # torch computed its CUDA_HOME when cpp_extension was first imported.
     cpp.CUDA_HOME = str(home)
     return cpp
+
+
+_ARCH_LIST_LOCK = threading.Lock()
+_arch_list_users = [0, None]  # builds inside load_sm90a now, and TORCH_CUDA_ARCH_LIST before the first
+
+
+def load_sm90a(name: str, sources: list, build_subdir: str, defines=(), verbose: bool = False):
+    """Build (with nvcc, for sm_90a only) and import a small module of its own, beside the extension.
+
+    For what exists only on Hopper and is never an op: stage 10's ablation and
+    timeline builds, the wgmma probe.  ``defines`` go to both compilers.
+    cpp_extension reads the target from ``TORCH_CUDA_ARCH_LIST``; builds may
+    run side by side in threads, so the variable is set while any of them runs
+    and put back when the last one ends.
+    """
+    cpp = cpp_extension()
+    out = ROOT / "build" / build_subdir
+    out.mkdir(parents=True, exist_ok=True)
+    with _ARCH_LIST_LOCK:
+        if _arch_list_users[0] == 0:
+            _arch_list_users[1] = os.environ.get("TORCH_CUDA_ARCH_LIST")
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")
+        _arch_list_users[0] += 1
+    try:
+        return cpp.load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", *defines],
+                        extra_cuda_cflags=nvcc_flags() + list(defines), extra_include_paths=[str(CSRC)],
+                        build_directory=str(out), verbose=verbose)
+    finally:
+        with _ARCH_LIST_LOCK:
+            _arch_list_users[0] -= 1
+            if _arch_list_users[0] == 0:
+                if _arch_list_users[1] is None:
+                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                else:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list_users[1]
 
 
 STAGE_LIST = CSRC / "stage_list.h"

@@ -13,9 +13,8 @@ against the :data:`PEAK_MACS_PER_CLOCK` of the datasheet.
 from __future__ import annotations
 
 import functools
-import os
 
-from .extension import CSRC, ROOT, arch_target, cpp_extension, find_cuda_home, nvcc_flags
+from .extension import CSRC, find_cuda_home, load_sm90a
 
 SOURCE = CSRC / "probes" / "wgmma_rate.cu"
 NS = (40, 64, 80, 128)
@@ -25,19 +24,8 @@ PEAK_MACS_PER_CLOCK = 2048  # dense bf16 multiply-adds per clock and SM: 989 TFL
 @functools.lru_cache(maxsize=None)
 def load(verbose: bool = False):
     """Build (once) and import the probe's module, for sm_90a."""
-    cpp = cpp_extension()
-    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_target("9.0")
-    out = ROOT / "build" / "wgmma-rate-sm90a"
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp.load(name="mla_lab_wgmma_rate", sources=[str(SOURCE), str(CSRC / "probes" / "wgmma_rate_binding.cpp")],
-                        extra_cflags=["-O3"], extra_cuda_cflags=nvcc_flags(), build_directory=str(out), verbose=verbose)
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+    return load_sm90a("mla_lab_wgmma_rate", [SOURCE, CSRC / "probes" / "wgmma_rate_binding.cpp"], "wgmma-rate-sm90a",
+                      verbose=verbose)
 
 
 def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
