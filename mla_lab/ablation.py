@@ -126,7 +126,9 @@ def timeline(w: Workload, *, num_splits: int | None = None):
 
     ``[g, t, e]`` is the SM clock, in cycles from the start of compute
     warpgroup ``g`` of block 0, at event ``e`` (:data:`STAMP_EVENTS`) of its
-    tile ``t``; zero where the block had no such tile.  Both warpgroups start
+    tile ``t``; zero where the block had no such tile, and in the second
+    warpgroup's half where a stream has at most 40 pairs (that warpgroup then
+    has none, and only hands the chunks back).  Both warpgroups start
     together, after the block's barrier, so their clocks can be compared.
     The call is made once to warm up, then again with the stamps cleared.
     """
