@@ -95,12 +95,17 @@ def sass(stage_id: str, arch: str = "9.0") -> str:
     return kernel_sass(cubin, stages.get(stage_id).kernel)
 
 
-def kernel_sass(cubin: Path, kernel: str) -> str:
-    """The disassembly of one kernel (its function body) in a compiled ``cubin``."""
+def cubin_sass(cubin: Path) -> str:
+    """The disassembly (SASS) of every kernel in a compiled ``cubin``."""
     tool = cuobjdump()
     if tool is None:
         raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
-    text = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def kernel_sass(cubin: Path, kernel: str) -> str:
+    """The disassembly of one kernel (its function body) in a compiled ``cubin``."""
+    text = cubin_sass(cubin)
     parts = re.split(r"\n\s*Function : ", text)
     return next((p for p in parts if kernel in p.splitlines()[0]), text)
 

@@ -13,6 +13,8 @@ against the :data:`PEAK_MACS_PER_CLOCK` of the datasheet.
 from __future__ import annotations
 
 import functools
+import re
+from collections import Counter
 
 from .extension import CSRC, find_cuda_home, load_sm90a
 
@@ -56,20 +58,8 @@ def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
 
 def sass_shapes() -> dict[str, int]:
     """The ``HGMMA`` instructions of the probe compiled for sm_90a, by shape: needs nvcc, no GPU."""
-    import re
-
-    from .chapter_display import cuobjdump
+    from .chapter_display import cubin_sass
     from .resources import _compile, cubin_path
 
     _compile(SOURCE, "9.0", str(find_cuda_home() / "bin" / "nvcc"))
-    tool = cuobjdump()
-    if tool is None:
-        raise RuntimeError("no cuobjdump found (it comes with the CUDA toolkit, or with Triton's package)")
-    import subprocess
-
-    text = subprocess.run([tool, "-sass", str(cubin_path(SOURCE, "9.0"))], capture_output=True, text=True,
-                          check=True).stdout
-    found: dict[str, int] = {}
-    for shape in re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", text):
-        found[shape] = found.get(shape, 0) + 1
-    return found
+    return dict(Counter(re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", cubin_sass(cubin_path(SOURCE, "9.0")))))
