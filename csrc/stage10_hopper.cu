@@ -15,9 +15,12 @@
 //   chunks (8 KB each), and signals each chunk on an mbarrier.  Warpgroups 1
 //   and 2 only compute, each for its own 40 pairs: the two share every key
 //   chunk in shared memory and never wait for each other.
-// * A block is persistent: one per SM.  A scheduler kernel reads kv_lens on
-//   the GPU (so a CUDA graph replays it with new lengths), cuts the key tiles
-//   of all streams into one equal share per block, and writes the plan.  A
+// * A block is persistent: one per SM.  Every block first reads kv_lens (on
+//   the GPU, so a CUDA graph replays it with new lengths) and works out the
+//   same cut of the key tiles of all streams into one equal share per block;
+//   it keeps only its own share, and block 0 also writes the cut down for the
+//   combine.  (This was a scheduler kernel of its own, launched before the
+//   main one: one more kernel per call, which a short call pays in full.)  A
 //   share may span several (stream, pair group) units and part of one.  A unit
 //   that one block finishes is written straight to `out`; a unit cut between
 //   blocks leaves partials that a combine kernel merges.  Units are numbered
@@ -95,7 +98,9 @@ constexpr int kOffM = kOffVis + 2 * kPairsPerGroup * 4;   // the columns' softma
 constexpr int kOffL = kOffM + 2 * 2 * kPairsPerGroup * 4; // column sums, one per warp, met at the end of a unit
 constexpr int kOffQRow = kOffL + 2 * 4 * kPairsPerGroup * 4;  // each pair's row in q
 constexpr int kOffBars = kOffQRow + 2 * kPairsPerGroup * 8;
-constexpr int kSmemBytes = kOffBars + 2 * kRing * 8 + 1024;  // + slack to align the base
+constexpr int kOffPlan = kOffBars + 2 * kRing * 8;        // the scheduler's words: warp totals, the share's start
+constexpr int kPlanWords = kThreads / 32 + 2;
+constexpr int kSmemBytes = kOffPlan + kPlanWords * 4 + 1024;  // + slack to align the base
 
 // A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
 // of block 0 copies its first tile's S^T, P and O^T (fragment by fragment, at
@@ -120,7 +125,7 @@ constexpr int kSmemBytes = kOffBars + 2 * kRing * 8 + 1024;  // + slack to align
 // start loading as early as possible.
 __host__ __device__ constexpr int dims_of(int position) { return position == 0 ? kChunks - 1 : position - 1; }
 
-// The plan the scheduler writes (int32 words of p.plan):
+// The plan block 0 writes for the combine (int32 words of p.plan):
 //   [0] W, the key tiles of all units; [1] blocks that get a share;
 //   [2] units cut between blocks; [3 .. 3 + units] each unit's first tile in
 //   the order of all tiles (exclusive prefix sum; the last word is W);
@@ -152,9 +157,19 @@ __device__ __forceinline__ int block_of_tile(int x, int W, int C) {
   return (int)(((int64_t)(x + 1) * C + W - 1) / W) - 1;
 }
 
-// ---- the scheduler ---------------------------------------------------------------
+// ---- the scheduler: every block's prologue ---------------------------------------
 
-constexpr int kPlanThreads = 256;
+// A unit's key tiles: its stream's 64-key tiles, none for a stream that cannot be computed.
+__device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
+  const int len = p.kv_lens[u % p.batch];
+  return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
+}
+
+// How many blocks get a share of W tiles: every group cut at the same keys.
+__device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W) {
+  const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
+  return most >= sh.groups ? most - most % sh.groups : most;
+}
 
 // An exclusive prefix sum of one int per thread over the block (shuffles within
 // each warp, then the warps' totals); `total` receives the sum of all.
@@ -170,7 +185,7 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int&
   __syncthreads();
   int before = 0, all = 0;
 #pragma unroll
-  for (int w = 0; w < kPlanThreads / 32; ++w) {
+  for (int w = 0; w < kThreads / 32; ++w) {
     const int t = warp_totals[w];
     before += w < warp ? t : 0;
     all += t;
@@ -180,99 +195,110 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int&
   return before + x - v;
 }
 
-// Every thread takes a run of consecutive units and does all the work for
-// them: their tiles, their first tiles in the order of all tiles, and whether
-// they are cut; two block-wide sums place the runs.  (One thread walking all
-// units did the same in 20 us at 64 units: a 64-bit division per unit and
-// border, one unit after another.)
-__global__ void __launch_bounds__(kPlanThreads) hopper_plan_kernel(const MlaParams p) {
-#if MLA_SM90A
-  launch_dependents();  // the main kernel may start launching; it waits for this grid to finish
-  __shared__ int warp_totals[kPlanThreads / 32];
-  const Shape sh = shape_of(p);
-  const int tid = threadIdx.x;
-  int* off = p.plan + kPlanHeader;
-  int* cut = off + sh.units + 1;
-  auto tiles_of = [&](int u) {
-    const int len = p.kv_lens[u % p.batch];
-    return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
-  };
-  const int per_thread = (sh.units + kPlanThreads - 1) / kPlanThreads;
-  const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
-  int mine = 0;
-  for (int u = u0; u < u1; ++u) mine += tiles_of(u);
-  int W;
-  const int first = block_exclusive_sum(mine, warp_totals, W);  // my run's first tile
-  const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
-  const int C = most >= sh.groups ? most - most % sh.groups : most;  // every group cut at the same keys
-
-  // A unit is cut when its first and last tiles lie in different shares.
-  auto is_cut = [&](int a, int n) { return n > 0 && block_of_tile(a, W, C) != block_of_tile(a + n - 1, W, C); };
-  int n_mine = 0;
-  for (int u = u0, a = first; u < u1; ++u) {
-    const int n = tiles_of(u);
-    off[u] = a;
-    n_mine += is_cut(a, n);
-    a += n;
-  }
-  int n_cut;
-  int k = block_exclusive_sum(n_mine, warp_totals, n_cut);  // my run's first entry in the list of cut units
-  for (int u = u0, a = first; u < u1; ++u) {
-    const int n = tiles_of(u);
-    if (is_cut(a, n)) {
-      cut[3 * k] = u;
-      cut[3 * k + 1] = block_of_tile(a, W, C);
-      cut[3 * k + 2] = block_of_tile(a + n - 1, W, C);
-      ++k;
-    }
-    a += n;
-  }
-  if (tid == 0) {
-    off[sh.units] = W;
-    p.plan[0] = W;
-    p.plan[1] = C;
-    p.plan[2] = n_cut;
-  }
-  // A stream that cannot be computed gets NaN here: no block is given its tiles.
-  const int lane = tid % 32;
-  for (int b = tid / 32; b < p.batch; b += kPlanThreads / 32) {
-    if (stream_ok(p, p.kv_lens[b])) continue;
-    for (int i = lane; i < p.q_len * p.num_heads; i += 32) {
-      const int t = i / p.num_heads, h = i % p.num_heads;
-      for (int d = 0; d < kDimV; ++d) out_head(p, b, t, h)[d] = __float2bfloat16(CUDART_NAN_F);
-      *lse_at(p, b, t, h) = CUDART_NAN_F;
-    }
-  }
-#else
-  __trap();  // sm_90a only; the op refuses other GPUs before launching
-#endif
-}
-
-// ---- the main kernel -------------------------------------------------------------
-
-// Where a block's share is, one (unit, tile range) piece at a time.
+// Where a block's share is, one (unit, tile range) piece at a time.  The
+// tiles of all units are numbered in order (unit-major); the cursor knows the
+// unit of its next tile and that unit's first tile, and finds the units after
+// it from kv_lens as it goes.  A whole warp calls next() at once; the counts
+// it reads from memory pass through a shuffle from lane 0, so the compiler
+// knows they are the same in every lane: the loops over a piece's tiles are
+// then not divergent, and their wgmmas are not serialised.
 struct Cursor {
   int x, end;    // next tile, end of the share (in the order of all tiles)
   int unit;      // unit of tile x
-  __device__ bool next(const int* off, int& u, int& t0, int& t1) {
+  int start;     // its first tile
+  __device__ bool next(const MlaParams& p, int& u, int& t0, int& t1) {
     if (x >= end) return false;
-    while (off[unit + 1] <= x) ++unit;
+    int n = __shfl_sync(0xffffffffu, unit_tiles(p, unit), 0);
+    while (start + n <= x) {
+      start += n;
+      n = __shfl_sync(0xffffffffu, unit_tiles(p, ++unit), 0);
+    }
     u = unit;
-    t0 = x - off[unit];
-    t1 = min(end, off[unit + 1]) - off[unit];
-    x = off[unit] + t1;
+    t0 = x - start;
+    t1 = min(end, start + n) - start;
+    x = start + t1;
     return true;
   }
 };
 
-__device__ __forceinline__ int first_unit_of(const int* off, int units, int x) {
-  int lo = 0, hi = units - 1;  // the last unit u with off[u] <= x
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (off[mid] <= x) lo = mid; else hi = mid - 1;
+// Every thread of the block takes a run of consecutive units and counts
+// their tiles; one block-wide sum places the runs, and the thread whose run
+// holds the block's first tile finds its unit.  Every block does the same
+// sums over the same kv_lens, so they agree on the cut without talking.
+// (As a kernel of its own, one thread walking all units, this took 20 us at
+// 64 units: a 64-bit division per unit and border, one after another.)
+__device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
+  const int tid = threadIdx.x, cta = blockIdx.x;
+  const int per_thread = (sh.units + kThreads - 1) / kThreads;
+  const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
+  int mine = 0;
+  for (int u = u0; u < u1; ++u) mine += unit_tiles(p, u);
+  int W;
+  const int first = block_exclusive_sum(mine, words, W);  // my run's first tile
+  C = blocks_with_share(p, sh, W);
+  cur.x = share_start(cta, W, C);
+  cur.end = share_start(cta + 1, W, C);
+  if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first tile
+    int u = u0, a = first;
+    for (int n = unit_tiles(p, u); a + n <= cur.x; n = unit_tiles(p, ++u)) a += n;
+    words[kThreads / 32] = u;
+    words[kThreads / 32 + 1] = a;
   }
-  return lo;
+
+  // Block 0 writes the whole cut down for the combine: each unit's first tile
+  // and the units cut between blocks.  (The condition is the same in every
+  // thread of the block, so its barriers are safe.)
+  if (cta == 0) {
+    int* off = p.plan + kPlanHeader;
+    int* cut = off + sh.units + 1;
+    // A unit is cut when its first and last tiles lie in different shares.
+    auto is_cut = [&](int a, int n) { return n > 0 && block_of_tile(a, W, C) != block_of_tile(a + n - 1, W, C); };
+    int n_mine = 0;
+    for (int u = u0, a = first; u < u1; ++u) {
+      const int n = unit_tiles(p, u);
+      off[u] = a;
+      n_mine += is_cut(a, n);
+      a += n;
+    }
+    int n_cut;
+    int k = block_exclusive_sum(n_mine, words, n_cut);  // my run's first entry in the list of cut units
+    for (int u = u0, a = first; u < u1; ++u) {
+      const int n = unit_tiles(p, u);
+      if (is_cut(a, n)) {
+        cut[3 * k] = u;
+        cut[3 * k + 1] = block_of_tile(a, W, C);
+        cut[3 * k + 2] = block_of_tile(a + n - 1, W, C);
+        ++k;
+      }
+      a += n;
+    }
+    if (tid == 0) {
+      off[sh.units] = W;
+      p.plan[0] = W;
+      p.plan[1] = C;
+      p.plan[2] = n_cut;
+    }
+  }
+
+  // A stream that cannot be computed gets NaN here, from one block: no block is given its tiles.
+  const int lane = tid % 32;
+  for (int b = cta; b < p.batch; b += gridDim.x) {
+    if (stream_ok(p, p.kv_lens[b])) continue;
+    for (int i = tid / 32; i < p.q_len * p.num_heads; i += kThreads / 32) {
+      const int t = i / p.num_heads, h = i % p.num_heads;
+      for (int d = lane; d < kDimV; d += 32) out_head(p, b, t, h)[d] = __float2bfloat16(CUDART_NAN_F);
+      if (lane == 0) *lse_at(p, b, t, h) = CUDART_NAN_F;
+    }
+  }
+  __syncthreads();  // the share's first unit in words[]
+  cur.unit = __shfl_sync(0xffffffffu, words[kThreads / 32], 0);
+  cur.start = __shfl_sync(0xffffffffu, words[kThreads / 32 + 1], 0);
+  cur.x = __shfl_sync(0xffffffffu, cur.x, 0);
+  cur.end = __shfl_sync(0xffffffffu, cur.end, 0);
+  C = __shfl_sync(0xffffffffu, C, 0);
 }
+
+// ---- the main kernel -------------------------------------------------------------
 
 #if MLA_SM90A
 // Warpgroup 0: gather the key tiles of the share, chunk by chunk, into the ring.
@@ -280,7 +306,7 @@ __device__ __forceinline__ int first_unit_of(const int* off, int units, int x) {
 // chunk's full barrier by itself once they land, so the loads in flight are
 // bounded only by the ring's free slots.  The block table entry of the next
 // tile is loaded a tile ahead, so its round trip is hidden too.
-__device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
+__device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
                           uint64_t* full, uint64_t* empty) {
   const int tid = threadIdx.x;          // 0..127
   const int my_key = tid / 2;           // two threads per key, 16 bytes each, side by side
@@ -291,14 +317,14 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
   if (!kCopyKeys) {  // the ablation without key copies: the same slots and barriers, no reads
     for (int i = tid; i < kRing * kChunkBytes / 16; i += 128) st_shared_u128(ring + 16 * i, 0, 0, 0, 0);
     fence_proxy_async();
-    while (cur.next(off, u, t0, t1))
+    while (cur.next(p, u, t0, t1))
       for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
         if (seq >= kRing) mbar_wait(&empty[seq % kRing], ((seq / kRing) - 1) & 1);
         mbar_arrive(&full[seq % kRing]);
       }
     return;
   }
-  while (cur.next(off, u, t0, t1)) {
+  while (cur.next(p, u, t0, t1)) {
     const int b = u % p.batch;
     const int kv_len = p.kv_lens[b];
     const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
@@ -345,9 +371,9 @@ __device__ void load_keys(const MlaParams& p, const Shape& sh, const int* off, C
 }
 
 // A compute warpgroup with no pairs still has to hand every chunk back.
-__device__ void pass_chunks(const int* off, Cursor cur, uint64_t* empty, uint64_t* full) {
+__device__ void pass_chunks(const MlaParams& p, Cursor cur, uint64_t* empty, uint64_t* full) {
   int seq = 0, u, t0, t1;
-  while (cur.next(off, u, t0, t1))
+  while (cur.next(p, u, t0, t1))
     for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
       mbar_wait(&full[seq % kRing], (seq / kRing) & 1);
       if (threadIdx.x % 32 == 0) mbar_arrive(&empty[seq % kRing]);
@@ -364,7 +390,7 @@ __device__ __forceinline__ void release_after(uint64_t* empty, int slot, int lan
 }
 
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
-__device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cursor cur, unsigned char* smem,
+__device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
                         uint64_t* full, uint64_t* empty, int group, int cta) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = 2 * (lane % 4);  // fragment row (+8) and column (+1) of this lane
@@ -396,7 +422,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
   bool debug_first = true;
 #endif
   int u, t0, t1;
-  while (cur.next(off, u, t0, t1)) {
+  while (cur.next(p, u, t0, t1)) {
     const int b = u % p.batch, grp = u / p.batch;
     const int kv_len = p.kv_lens[b];
     const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
@@ -647,7 +673,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, const int* off, Cur
     const float* l_all = l_s - warp * kPairsPerGroup;
 
     // 6. Write the unit: whole -> out and lse; cut -> this block's partial slot.
-    const bool whole = t0 == 0 && t1 == off[u + 1] - off[u];
+    const bool whole = t0 == 0 && t1 == unit_tiles(p, u);
     const int slot = u == first_share_unit ? 0 : 1;  // a share cuts at most its first and its last unit
     const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock + group * kPairsPerGroup;
 #pragma unroll
@@ -701,30 +727,28 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
       mbar_init(&empty[s], 8);    // every compute warp arrives once its wgmmas are done
     }
   }
-  wait_for_previous_grid();  // the plan
-  launch_dependents();
-  __syncthreads();
-
+  // Launched early behind the stream's previous kernel, which may still be
+  // writing q, the cache or kv_lens: wait for it before reading any of them.
+  wait_for_previous_grid();
   const Shape sh = shape_of(p);
-  const int W = p.plan[0], C = p.plan[1];
-  const int cta = blockIdx.x;
-  if (cta >= C) return;  // no share for this block (the whole block leaves together)
-  const int* off = p.plan + kPlanHeader;
   Cursor cur;
-  cur.x = share_start(cta, W, C);
-  cur.end = share_start(cta + 1, W, C);
-  cur.unit = first_unit_of(off, sh.units, cur.x);
+  int C;
+  plan_share(p, sh, reinterpret_cast<int*>(smem + kOffPlan), cur, C);  // its last barrier publishes the mbarriers too
+  if (blockIdx.x >= C) return;  // no share for this block (the whole block leaves together)
 
   if (wg == 0) {
     release_registers<kLoaderRegs>();
-    load_keys(p, sh, off, cur, smem, full, empty);
+    load_keys(p, cur, smem, full, empty);
   } else {
     claim_registers<kComputeRegs>();
     if (wg == 2 && sh.per_group <= kPairsPerGroup)
-      pass_chunks(off, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
+      pass_chunks(p, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
     else
-      compute(p, sh, off, cur, smem, full, empty, wg - 1, cta);
+      compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x);
   }
+  // This thread's writes are done: the combine may be launched once every
+  // block is here (it still waits for the whole grid before reading).
+  launch_dependents();
 #else
   __trap();
 #endif
@@ -739,12 +763,17 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 // A unit cut into many pieces (one stream at 8 heads: a piece per block of
 // the grid, up to 256) is merged in four slices of 128 dims, which puts four
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
-// a few pieces are merged whole, so that the grid stays small.
+// a few pieces are merged whole, which needs a quarter of the blocks (at 8
+// streams of 16384 keys, 16 or 17 pieces each, 97 -> 90 us).  How many pieces
+// a unit has is known only on the GPU: the grid has room for four slices where
+// the units may be cut into many pieces, and the blocks of a unit cut into few
+// leave all the work to the first slice's.
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
+constexpr int kManyPieces = 24;  // from here a unit is merged in slices (at 33 pieces slices were faster, at 17 not)
 
 __host__ __device__ constexpr int combine_slices(int num_splits, int units) {
-  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit: slice the dims
+  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit possible: room to slice the dims
 }
 
 template <int kSlices>
@@ -808,10 +837,16 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   wait_for_previous_grid();
   const int k = blockIdx.y;  // cut unit
   if (k >= p.plan[2]) return;
-  if (gridDim.x == kPairsPerBlock)
+  if (gridDim.x == kPairsPerBlock) {
     combine_slice<1>(p, blockIdx.x, 0, k);
-  else
-    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, k);
+    return;
+  }
+  const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
+  const int local = blockIdx.x / kManySlices, slice = blockIdx.x % kManySlices;
+  if (cut[2] - cut[1] + 1 >= kManyPieces)
+    combine_slice<kManySlices>(p, local, slice, k);
+  else if (slice == 0)
+    combine_slice<1>(p, local, 0, k);
 #else
   __trap();
 #endif
@@ -839,7 +874,6 @@ cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cud
   return cudaGetLastError();
 }
 
-LaunchGeometry plan_geometry(const MlaParams&) { return {dim3(1), dim3(kPlanThreads), 0}; }
 LaunchGeometry main_geometry(const MlaParams& p) { return {dim3(p.num_splits), dim3(kThreads), kSmemBytes}; }
 // One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
@@ -870,12 +904,12 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
     if (device < 64) opted_in[device] = true;
   }
   const bool pdl = q.pdl != 0;
-  err = launch(hopper_plan_kernel, plan_geometry(q), stream, q, false);
-  if (err == cudaSuccess) err = launch(hopper_kernel, main_geometry(q), stream, q, pdl);
-  // The combine is launched plainly: launched early, its blocks would wait on
-  // the few SMs the main kernel leaves free, crowded there eight to an SM, and
-  // start the merge from those (this cost 5 us at one stream of 16384 keys).
-  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, false);
+  err = launch(hopper_kernel, main_geometry(q), stream, q, pdl);
+  // The main kernel lets the combine launch only as its blocks finish: let go
+  // at their start, the combine's blocks waited on the few SMs the main
+  // kernel leaves free, crowded there eight to an SM, and started the merge
+  // from those (this cost 5 us at one stream of 16384 keys).
+  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, pdl);
   return err;
 }
 
@@ -894,7 +928,6 @@ cudaError_t hopper_timeline_clear() {
 
 int hopper_kernels(const KernelHandle** handles) {
   static const KernelHandle kernels[] = {
-      {"hopper_plan_kernel", (const void*)hopper_plan_kernel, kPlanThreads, plan_geometry},
       {"hopper_kernel", (const void*)hopper_kernel, kThreads, main_geometry},
       {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
   };

@@ -349,7 +349,8 @@ def model_tensor_core(w: Workload, num_splits: int | None = None, round_p: bool 
 
 @dataclass(frozen=True)
 class HopperPlan:
-    """What stage 10's scheduler kernel writes: the units, their tiles, each block's share.
+    """What stage 10's scheduler works out (each block of the main kernel, from kv_lens): the units, their
+    tiles, each block's share.
 
     A unit is (stream, group of up to 80 pairs); its tiles are its stream's
     64-key tiles.  Units are numbered group by group (``u = group * streams +
@@ -411,7 +412,7 @@ class HopperPlan:
 
 
 def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None) -> HopperPlan:
-    """Stage 10's scheduler on the CPU (the same integer arithmetic as hopper_plan_kernel).
+    """Stage 10's scheduler on the CPU (the same integer arithmetic as the main kernel's ``plan_share``).
 
     ``capacity`` is the block table's tokens per stream; a stream whose length
     is below ``q_len`` or above it gets no tiles (the kernel writes it NaN).

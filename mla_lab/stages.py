@@ -126,10 +126,9 @@ class Stage:
         if not self.is_cuda:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
-        if self.persistent:  # scheduler, persistent main kernel, combine of the cut units
-            plan, main, combine = HOPPER_KERNELS
-            return [Launch(plan, (1, 1, 1), (HOPPER_PLAN_THREADS, 1, 1), 0),
-                    Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
+        if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
+            main, combine = HOPPER_KERNELS
+            return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
                     Launch(combine, (HOPPER_PAIRS_PER_BLOCK * hopper_combine_slices(splits, streams * hopper_groups(q_len, heads)),
                                      min(splits, streams * hopper_groups(q_len, heads)), 1),
                            (HOPPER_COMBINE_THREADS, 1, 1), 0)]
@@ -146,7 +145,8 @@ COMBINE_THREADS = 128
 # above: a loader warpgroup and two compute warpgroups of 40 (row, head) pairs
 # each; a ring of 15 chunks of a 64-key tile (64 keys x 64 dims, 8 KB each);
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
-# softmax exchange words; 30 mbarriers; 1 KB to align the base to 1024 bytes.
+# softmax exchange words; 30 mbarriers; the scheduler's words (a prefix sum's warp
+# totals, the share's first unit); 1 KB to align the base to 1024 bytes.
 def hopper_combine_slices(splits: int, units: int) -> int:
     """Blocks per merged pair in stage 10's combine: four slices of 128 dims when units are cut into many pieces."""
     return 4 if splits >= 16 * units else 1
@@ -157,12 +157,12 @@ def hopper_groups(q_len: int, heads: int) -> int:
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
-HOPPER_KERNELS = ("hopper_plan_kernel", "hopper_kernel", "hopper_combine_kernel")
+HOPPER_KERNELS = ("hopper_kernel", "hopper_combine_kernel")
 HOPPER_PAIRS_PER_GROUP = 40
+HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups
 HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
 HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
-HOPPER_PLAN_THREADS = 256
 HOPPER_COMBINE_THREADS = 256
 HOPPER_MIN_TILES_PER_BLOCK = 1
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring
@@ -170,7 +170,9 @@ HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            
                      + 2 * HOPPER_PAIRS_PER_GROUP * 128                         # P^T, per warpgroup
                      + 4 * HOPPER_PAIRS_PER_GROUP * (2 * 4 + 2 + 2 * 2 + 2 * 4)  # maxima, lengths, references, sums
                      + 8 * 2 * HOPPER_PAIRS_PER_GROUP                            # each pair's row in q
-                     + 2 * HOPPER_RING_CHUNKS * 8 + 1024)                      # mbarriers, alignment
+                     + 2 * HOPPER_RING_CHUNKS * 8                              # mbarriers
+                     + 4 * (HOPPER_THREADS // 32 + 2)                           # the scheduler's words
+                     + 1024)                                                    # alignment
 
 STAGES: tuple[Stage, ...] = (
     Stage("triton", 0, "Production baseline: vLLM's split-KV MLA decode kernel (Triton)",
@@ -211,7 +213,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("hopper", 10, "Hopper: wgmma, a warp-specialised pipeline, balanced work", "10_hopper.ipynb",
           "keys as the wgmma M side and up to 80 (row, head) pairs as N; a loader warpgroup feeds two compute "
           "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler",
-          "cuda", "stage10_hopper.cu", "hopper_kernel", threads=384, keys_per_tile=HOPPER_KEYS_PER_TILE,
+          "cuda", "stage10_hopper.cu", "hopper_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
           splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
           persistent=True),
 )
