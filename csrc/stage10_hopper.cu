@@ -767,7 +767,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 // streams of 16384 keys, 16 or 17 pieces each, 97 -> 90 us).  How many pieces
 // a unit has is known only on the GPU: the grid has room for four slices where
 // the units may be cut into many pieces, and the blocks of a unit cut into few
-// leave all the work to the first slice's.
+// leave all the work to the first slice's.  The slices of a pair are
+// kPairsPerBlock blocks apart, so the blocks that work are consecutive either
+// way: blocks are dealt to SMs in order, and with a pair's four slices side by
+// side the first slices alone (every fourth block) had landed on a quarter of
+// the SMs, eight to an SM, and merged 3 us slower at one stream of 1024 keys.
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
 constexpr int kManyPieces = 24;  // from here a unit is merged in slices (at 33 pieces slices were faster, at 17 not)
@@ -842,7 +846,7 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
     return;
   }
   const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
-  const int local = blockIdx.x / kManySlices, slice = blockIdx.x % kManySlices;
+  const int local = blockIdx.x % kPairsPerBlock, slice = blockIdx.x / kPairsPerBlock;
   if (cut[2] - cut[1] + 1 >= kManyPieces)
     combine_slice<kManySlices>(p, local, slice, k);
   else if (slice == 0)
