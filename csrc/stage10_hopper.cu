@@ -763,21 +763,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 // A unit cut into many pieces (one stream at 8 heads: a piece per block of
 // the grid, up to 256) is merged in four slices of 128 dims, which puts four
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
-// a few pieces are merged whole, which needs a quarter of the blocks (at 8
-// streams of 16384 keys, 16 or 17 pieces each, 97 -> 90 us).  How many pieces
-// a unit has is known only on the GPU: the grid has room for four slices where
-// the units may be cut into many pieces, and the blocks of a unit cut into few
-// leave all the work to the first slice's.  The slices of a pair are
-// kPairsPerBlock blocks apart, so the blocks that work are consecutive either
-// way: blocks are dealt to SMs in order, and with a pair's four slices side by
-// side the first slices alone (every fourth block) had landed on a quarter of
-// the SMs, eight to an SM, and merged 3 us slower at one stream of 1024 keys.
+// a few pieces are merged whole, so that the grid stays small.  (Choosing on
+// the GPU, from each unit's pieces, was tried: a unit of 16 to 18 pieces merged
+// whole by one block per pair was then the slowest part of the merge, 3 us
+// more at one stream of 1024 keys and 5 at a batch of mixed lengths.)
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
-constexpr int kManyPieces = 24;  // from here a unit is merged in slices (at 33 pieces slices were faster, at 17 not)
 
 __host__ __device__ constexpr int combine_slices(int num_splits, int units) {
-  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit possible: room to slice the dims
+  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit: slice the dims
 }
 
 template <int kSlices>
@@ -841,16 +835,10 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   wait_for_previous_grid();
   const int k = blockIdx.y;  // cut unit
   if (k >= p.plan[2]) return;
-  if (gridDim.x == kPairsPerBlock) {
+  if (gridDim.x == kPairsPerBlock)
     combine_slice<1>(p, blockIdx.x, 0, k);
-    return;
-  }
-  const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
-  const int local = blockIdx.x % kPairsPerBlock, slice = blockIdx.x / kPairsPerBlock;
-  if (cut[2] - cut[1] + 1 >= kManyPieces)
-    combine_slice<kManySlices>(p, local, slice, k);
-  else if (slice == 0)
-    combine_slice<1>(p, local, 0, k);
+  else
+    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, k);
 #else
   __trap();
 #endif
