@@ -225,8 +225,8 @@ struct Cursor {
 // their tiles; one block-wide sum places the runs, and the thread whose run
 // holds the block's first tile finds its unit.  Every block does the same
 // sums over the same kv_lens, so they agree on the cut without talking.
-// (As a kernel of its own, one thread walking all units, this took 20 us at
-// 64 units: a 64-bit division per unit and border, one after another.)
+// (Its first version, one thread walking all units, took 20 us at 64 units:
+// a 64-bit division per unit and border, one after another.)
 __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int per_thread = (sh.units + kThreads - 1) / kThreads;
@@ -765,8 +765,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
 // a few pieces are merged whole, so that the grid stays small.  (Choosing on
 // the GPU, from each unit's pieces, was tried: a unit of 16 to 18 pieces merged
-// whole by one block per pair was then the slowest part of the merge, 3 us
-// more at one stream of 1024 keys and 5 at a batch of mixed lengths.)
+// whole by one block per pair was then the slowest part of the merge, 2 us
+// more at one stream of 1024 keys and 3 at a batch of mixed lengths, in the
+// same run.)
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
 

@@ -134,29 +134,52 @@ def host_us(fn, calls: int = 100, repeats: int = 5) -> tuple[float, bool]:
     Keep ``calls`` x launches per call well under ~1000: the launch queue
     has room for about that many, and a full queue makes the host wait.
     """
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        fn()
-    estimate_us = (time.perf_counter() - t0) / 5 * 1e6
-    torch.cuda.synchronize()
-    cycles = int(_sleep_cycles_per_us() * max(2000.0, 3 * calls * estimate_us))
-    times, busy = [], True
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)
-        after_sleep = torch.cuda.Event()
-        after_sleep.record()
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter_ns()
-        busy = busy and not after_sleep.query()
-        times.append((t1 - t0) / calls / 1e3)
-    torch.cuda.synchronize()
+    (times,), busy = host_us_runs([fn], calls, repeats)
     return statistics.median(times), busy
+
+
+def host_us_runs(fns, calls: int = 100, repeats: int = 5) -> tuple[list[list[float]], bool]:
+    """Host µs per call of each of ``fns`` (as :func:`host_us`), ``repeats`` runs each, taken in turn.
+
+    Run i of every function comes before run i + 1 of any, so a stretch of
+    time in which the host is slower (another process, a clock change) falls
+    on all of them alike: compare them run by run (:func:`median_difference`),
+    not median against median.
+    """
+    for fn in fns:
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    cycles = []
+    for fn in fns:
+        t0 = time.perf_counter()
+        for _ in range(5):
+            fn()
+        estimate_us = (time.perf_counter() - t0) / 5 * 1e6
+        torch.cuda.synchronize()
+        cycles.append(int(_sleep_cycles_per_us() * max(2000.0, 3 * calls * estimate_us)))
+    times, busy = [[] for _ in fns], True
+    for _ in range(repeats):
+        for fn, n, out in zip(fns, cycles, times):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(n)
+            after_sleep = torch.cuda.Event()
+            after_sleep.record()
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter_ns()
+            busy = busy and not after_sleep.query()
+            out.append((t1 - t0) / calls / 1e3)
+    torch.cuda.synchronize()
+    return times, busy
+
+
+def median_difference(a: list[float], b: list[float]) -> float:
+    """The median of the run-by-run differences a[i] - b[i]."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need two equally long, non-empty lists of runs, got {len(a)} and {len(b)}")
+    return statistics.median(x - y for x, y in zip(a, b))
 
 
 def _kernel_count(fn) -> int | None:
@@ -215,12 +238,14 @@ def measure_launch(prefix: int = LAUNCH_PREFIX) -> dict:
                     op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
             launches = len(st.launches(1, Q_LEN, HEADS, w.block_table.shape[1], w.kv_cache.shape[1], ns))
             what = f"the op: {launches} kernel{'s' if launches > 1 else ''}"
-        bare_us, bare_busy = host_us(bare)
-        given_us, given_busy = host_us(lambda st=st: ops.attention(st, *w.args(), out=out, lse=lse, check=False))
-        alloc_us, alloc_busy = host_us(lambda st=st: ops.attention(st, *w.args(), check=False))
-        rows.append(dict(stage=st.id, launches=launches, bare=what, bare_us=bare_us, attention_us=given_us,
-                         attention_alloc_us=alloc_us, overhead_us=given_us - bare_us,
-                         alloc_overhead_us=alloc_us - bare_us, busy=bare_busy and given_busy and alloc_busy))
+        # The three in turn, run by run: what attention() adds is the difference within each run.
+        (bare_t, given_t, alloc_t), busy = host_us_runs(
+            [bare, lambda st=st: ops.attention(st, *w.args(), out=out, lse=lse, check=False),
+             lambda st=st: ops.attention(st, *w.args(), check=False)], repeats=7)
+        rows.append(dict(stage=st.id, launches=launches, bare=what, bare_us=statistics.median(bare_t),
+                         attention_us=statistics.median(given_t), attention_alloc_us=statistics.median(alloc_t),
+                         overhead_us=median_difference(given_t, bare_t),
+                         alloc_overhead_us=median_difference(alloc_t, bare_t), busy=busy))
     return dict(prefix=prefix, streams=1, q_len=Q_LEN, heads=HEADS, tiny_op_us=tiny, tiny_op_busy=tiny_busy,
                 rows=rows)
 
