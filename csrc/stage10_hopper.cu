@@ -354,8 +354,8 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
           if (poisoned)
             st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
           else
-            cp_async16(dst, zero ? (const void*)row : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8),
-                       zero ? 0 : 16);
+            cp_async16_l2_256(dst, zero ? (const void*)row : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8),
+                              zero ? 0 : 16);
         }
         if (poisoned) {  // plain stores: make them visible to the tensor cores, then arrive
           fence_proxy_async();
