@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 
-from .extension import CSRC, find_cuda_home, load_sm90a
+from .extension import CSRC, load_sm90a
 from .problem import Workload
 
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
@@ -64,14 +64,13 @@ def sass_counts(variant: str | None) -> dict[str, int]:
     once, however often it runs), from nvcc and cuobjdump, with no GPU.
     """
     from .chapter_display import count_opcodes, instruction_mix, kernel_sass, sass
-    from .resources import _compile, cubin_path
+    from .resources import compile_cubin
 
     if variant is None:
         text = sass("hopper", "9.0")
     else:
-        src, tag = CSRC / "stage10_hopper.cu", f"-{variant}"
-        _compile(src, "9.0", str(find_cuda_home() / "bin" / "nvcc"), build_defines(variant), tag)
-        text = kernel_sass(cubin_path(src, "9.0", tag), "hopper_kernel")
+        cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
+        text = kernel_sass(cubin, "hopper_kernel")
     mix = instruction_mix(text)
     return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS")}
 

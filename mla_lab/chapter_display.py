@@ -88,11 +88,11 @@ def cuobjdump() -> str | None:
 
 def sass(stage_id: str, arch: str = "9.0") -> str:
     """The disassembly (SASS) of the stage's main kernel, compiled for ``arch``."""
-    from .resources import ptxas_report
+    from .resources import cubin_path, ptxas_report
 
     ptxas_report(arch)  # makes sure build/ptxas/<file>.sm<arch>.cubin exists
-    cubin = ROOT / "build" / "ptxas" / f"{Path(stages.get(stage_id).source).stem}.sm{arch.replace('.', '')}.cubin"
-    return kernel_sass(cubin, stages.get(stage_id).kernel)
+    st = stages.get(stage_id)
+    return kernel_sass(cubin_path(CSRC / st.source, arch), st.kernel)
 
 
 def cubin_sass(cubin: Path) -> str:

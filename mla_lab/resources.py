@@ -115,6 +115,12 @@ def cubin_path(src, arch: str, tag: str = "") -> Path:
     return ROOT / "build" / "ptxas" / f"{Path(src).stem}{tag}.sm{arch.replace('.', '')}.cubin"
 
 
+def compile_cubin(src, arch: str = "9.0", defines=(), tag: str = "") -> Path:
+    """Compile one source as the report does (a build variant, a probe outside the extension); its cubin's path."""
+    _compile(Path(src), arch, str(find_cuda_home() / "bin" / "nvcc"), defines, tag)
+    return cubin_path(src, arch, tag)
+
+
 def ptxas_report(arch: str = "9.0", *, refresh: bool = False) -> list[KernelResources]:
     """Resources of every kernel in csrc/ for one architecture (compiles once, then cached)."""
     cache = ROOT / "build" / "ptxas" / f"report-{source_digest()}-sm{arch.replace('.', '')}.json"

@@ -16,7 +16,7 @@ import functools
 import re
 from collections import Counter
 
-from .extension import CSRC, find_cuda_home, load_sm90a
+from .extension import CSRC, load_sm90a
 
 SOURCE = CSRC / "probes" / "wgmma_rate.cu"
 NS = (40, 64, 80, 128)
@@ -59,7 +59,6 @@ def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
 def sass_shapes() -> dict[str, int]:
     """The ``HGMMA`` instructions of the probe compiled for sm_90a, by shape: needs nvcc, no GPU."""
     from .chapter_display import cubin_sass
-    from .resources import _compile, cubin_path
+    from .resources import compile_cubin
 
-    _compile(SOURCE, "9.0", str(find_cuda_home() / "bin" / "nvcc"))
-    return dict(Counter(re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", cubin_sass(cubin_path(SOURCE, "9.0")))))
+    return dict(Counter(re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", cubin_sass(compile_cubin(SOURCE, "9.0")))))
