@@ -46,6 +46,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Arrive on an mbarrier and add `bytes` to the transfers its phase waits for
+// (the bulk copies that complete_tx on it).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
 // ---- ordering -----------------------------------------------------------------
 
 // Shared memory written through the generic proxy (st.shared, cp.async,
@@ -108,6 +114,19 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---- TMA: a box of a tensor in global memory -> shared, counted on an mbarrier --
+
+// The box of the 3-d tensor `map` whose first element is at (c0, c1, c2),
+// innermost first, copied to dst (swizzled as the map says); the bytes land
+// as transfers of `bar`'s current phase.  `map` is the generic address of a
+// CUtensorMap in kernel parameter, constant or global memory.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
 }
 
 __device__ __forceinline__ void st_shared_u128(uint32_t dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {

@@ -31,6 +31,9 @@
 #include "mla_device.cuh"
 #include "sm90_ptx.cuh"
 
+#include <cuda.h>  // CUtensorMap (the driver call that fills it is found at run time: no -lcuda)
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 
 namespace mla {
@@ -49,6 +52,12 @@ constexpr int kRing = 15;                        // chunk slots: a tile in use a
 constexpr int kMinTilesPerBlock = 1;             // a share of one tile still pays: more blocks start at once
 constexpr int kThreads = 384;                    // loader warpgroup + two compute warpgroups
 constexpr int kLoaderRegs = 40, kComputeRegs = 232;
+// setmaxnreg moves registers within the block's launch allocation (65536 / 384,
+// rounded down to 8, per thread): a warpgroup's increase waits until the
+// others' decreases have made room, so asking for more than there is waits
+// forever.  (48 for the loader did exactly that: the kernel hung.)
+static_assert(128 * kLoaderRegs + 256 * kComputeRegs <= kThreads * ((65536 / kThreads) & ~7),
+              "the warpgroups' registers must fit the block's launch allocation");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the softmax reference before it moves
 
@@ -64,6 +73,17 @@ constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the
 #endif
 constexpr bool kCopyKeys = (MLA_HOPPER_ABLATE & 1) == 0;
 constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
+
+// The loader's other way, for chapter 10 (mla_lab/ablation.py builds it as
+// the variant "tma"; the op is always built with 0).  With MLA_HOPPER_TMA = 1,
+// where the cache's pages hold a multiple or a divisor of 64 keys (16 at the
+// least), whole key tiles are copied by TMA (load_keys_tma) instead of
+// gathered with cp.async; the rest of the kernel is the same.  It computes the
+// right answer, and was slower in every shape measured (chapter 10 times it).
+#ifndef MLA_HOPPER_TMA
+#define MLA_HOPPER_TMA 0
+#endif
+constexpr bool kUseTma = MLA_HOPPER_TMA != 0;
 
 // A tile's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
 // variant "timeline"; the op is always built with 0).  With
@@ -124,6 +144,18 @@ constexpr int kSmemBytes = kOffPlan + kPlanWords * 4 + 1024;  // + slack to alig
 // So the next tile's last chunks, which wait for this tile's first slots,
 // start loading as early as possible.
 __host__ __device__ constexpr int dims_of(int position) { return position == 0 ? kChunks - 1 : position - 1; }
+
+// The cache seen as a 3-d tensor [pages][page_size][576] bf16, for the "tma"
+// build's loader (the op's build passes box_keys = 0 and never reads it): a
+// box is 64 dims of min(64, page_size) consecutive keys of one page, written
+// to shared memory with the 128-byte swizzle wgmma reads.  box_keys is 0 when
+// the cache cannot be read this way (pages of fewer than 16 keys, or of a
+// count that neither divides 64 nor is a multiple of it; an unaligned stride):
+// the loader then gathers with cp.async.
+struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
+  CUtensorMap map;
+  int box_keys;
+};
 
 // The plan block 0 writes for the combine (int32 words of p.plan):
 //   [0] W, the key tiles of all units; [1] blocks that get a share;
@@ -368,6 +400,87 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
     }
   }
   cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
+}
+
+// The loader when the cache is read by TMA (only in the "tma" build): one
+// warp, and one thread of it issues every copy.  A whole tile is 9 chunks of 1, 2 or 4 boxes; each
+// chunk's full barrier expects its 8 KB and completes when they have landed,
+// with no thread waiting for them.  A stream's last tile (keys past its end
+// must read as zeros) and a tile with a page outside the pool are gathered by
+// the warp with cp.async, as load_keys does.  Gathering every tile with
+// cp.async reached about 60% of HBM bandwidth: 4608 16-byte copies per tile,
+// each an instruction with its own address.
+__device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* smem, uint64_t* full, uint64_t* empty,
+                              const KvTensor& kv) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t ring = smem_addr(smem + kOffRing);
+  const int box_keys = kv.box_keys, boxes = kKeysPerTile / box_keys;
+  int seq = 0;
+  auto claim_slot = [&]() {
+    const int slot = seq % kRing;
+    if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
+    return slot;
+  };
+  int u, t0, t1;
+  while (cur.next(p, u, t0, t1)) {
+    const int b = u % p.batch;
+    const int kv_len = p.kv_lens[b];
+    const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
+    for (int tile = t0; tile < t1; ++tile) {
+      const int key0 = tile * kKeysPerTile;
+      // Lane i < boxes holds the page of box i.
+      const int box_key = key0 + lane * box_keys;
+      const int page = lane < boxes && box_key < kv_len ? table[box_key / p.page_size] : 0;
+      const bool whole = key0 + kKeysPerTile <= kv_len &&
+                         __all_sync(0xffffffffu, lane >= boxes || (page >= 0 && page < p.num_pages));
+      if (whole) {
+        for (int j = 0; j < kChunks; ++j, ++seq) {
+          const int slot = claim_slot();
+          if (lane == 0) {
+            mbar_arrive_expect_tx(&full[slot], kChunkBytes);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              if (i < boxes)  // box i's page: lane 0 holds box 0's (short of registers: the others are read again)
+                tma_load_3d(ring + slot * kChunkBytes + i * box_keys * 128, &kv.map, dims_of(j) * kChunkDims,
+                            (key0 + i * box_keys) % p.page_size,
+                            i == 0 ? page : table[(key0 + i * box_keys) / p.page_size], &full[slot]);
+          }
+          __syncwarp();
+        }
+        continue;
+      }
+      // Gathered: lane l copies keys l and l + 32, all 128 bytes of each chunk.
+      // (Rare, and short of registers here: each key's row is found again per chunk,
+      // and its 8 copies are a loop; unrolled, ptxas spilled the share's start.)
+      for (int j = 0; j < kChunks; ++j, ++seq) {
+        const int slot = claim_slot();
+#pragma unroll 1
+        for (int k = lane; k < kKeysPerTile; k += 32) {
+          const int key = key0 + k;
+          const bool zero = key >= kv_len;
+          const int pg = zero ? -1 : table[key / p.page_size];
+          const bool poisoned = !zero && (pg < 0 || pg >= p.num_pages);
+          const bf16* row = zero || poisoned ? p.kv
+                                             : p.kv + (int64_t)pg * p.kv_stride_page +
+                                                   (int64_t)(key % p.page_size) * p.kv_stride_slot + dims_of(j) * kChunkDims;
+          const uint32_t base = ring + slot * kChunkBytes + k * 128;
+#pragma unroll 1
+          for (int c16 = 0; c16 < 8; ++c16) {
+            const uint32_t dst = base + ((c16 ^ (k & 7)) << 4);
+            if (poisoned)
+              st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
+            else
+              cp_async16(dst, zero ? (const void*)row : (const void*)(row + c16 * 8), zero ? 0 : 16);
+          }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();  // the copies and stores, visible to the tensor cores
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&full[slot]);
+      }
+    }
+  }
 }
 
 // A compute warpgroup with no pairs still has to hand every chunk back.
@@ -709,7 +822,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
 }
 #endif  // MLA_SM90A
 
-__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) {
+__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
   extern __shared__ unsigned char smem_raw[];
   // Align to 1024 by pointer arithmetic on smem_raw itself, so the compiler still
@@ -721,11 +834,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
   // in every lane: a branch on it is then not divergent, and wgmma stays unserialised.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
+  const bool tma = kUseTma && kCopyKeys && kv.box_keys != 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRing; ++s) {
-      mbar_init(&full[s], 128);   // every loader thread arrives once its copies have landed
+      // TMA: one arrival (with the bytes to expect); cp.async: every loader thread, once its copies have landed.
+      mbar_init(&full[s], tma ? 1 : 128);
       mbar_init(&empty[s], 8);    // every compute warp arrives once its wgmmas are done
     }
+    if (tma) fence_proxy_async();  // the barriers' initial state, visible to the bulk copies that complete on them
   }
   // Launched early behind the stream's previous kernel, which may still be
   // writing q, the cache or kv_lens: wait for it before reading any of them.
@@ -738,7 +854,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p) 
 
   if (wg == 0) {
     release_registers<kLoaderRegs>();
-    load_keys(p, cur, smem, full, empty);
+    if (!tma)
+      load_keys(p, cur, smem, full, empty);
+    else if (threadIdx.x < 32)
+      load_keys_tma(p, cur, smem, full, empty, kv);
   } else {
     claim_registers<kComputeRegs>();
     if (wg == 2 && sh.per_group <= kPairsPerGroup)
@@ -847,8 +966,8 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
 
 // Launch with programmatic dependent launch when asked and the driver allows
 // it, else plainly.
-cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cudaStream_t stream, const MlaParams& p,
-                   bool pdl) {
+template <typename... Args>
+cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_t stream, bool pdl, const Args&... args) {
   if (pdl) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g.grid;
@@ -860,10 +979,10 @@ cudaError_t launch(void (*kernel)(const MlaParams), const LaunchGeometry& g, cud
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, p) == cudaSuccess) return cudaSuccess;
+    if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError();  // not supported here: launch plainly
   }
-  kernel<<<g.grid, g.block, g.dynamic_smem_bytes, stream>>>(p);
+  kernel<<<g.grid, g.block, g.dynamic_smem_bytes, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -874,6 +993,51 @@ LaunchGeometry combine_geometry_10(const MlaParams& p) {
   const int units = shape_of(p).units;
   return {dim3(kPairsPerBlock * combine_slices(p.num_splits, units), std::min(p.num_splits, units)),
           dim3(kCombineThreads), 0};
+}
+
+// The cache's tensor map for this call, or box_keys = 0 where TMA cannot read
+// it.  The driver's encoder is found once; the last map made on this thread is
+// kept, so a stream of calls on one cache encodes it once.
+KvTensor kv_tensor(const MlaParams& p) {
+  KvTensor kv = {};
+  const int box_keys = std::min(p.page_size, kKeysPerTile);
+  const bool fits = p.page_size % 16 == 0 && (p.page_size % kKeysPerTile == 0 || kKeysPerTile % p.page_size == 0) &&
+                    reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
+                    (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
+  if (!fits) return kv;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    (void)cudaGetLastError();
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return kv;
+  struct Key {
+    const void* kv;
+    int64_t page_size, num_pages, stride_slot, stride_page;
+    bool same(const Key& o) const {
+      return kv == o.kv && page_size == o.page_size && num_pages == o.num_pages && stride_slot == o.stride_slot &&
+             stride_page == o.stride_page;
+    }
+  };
+  thread_local Key last_key = {};
+  thread_local KvTensor last = {};
+  const Key key = {p.kv, p.page_size, p.num_pages, p.kv_stride_slot, p.kv_stride_page};
+  if (last.box_keys != 0 && key.same(last_key)) return last;
+  const cuuint64_t dims[3] = {(cuuint64_t)kDimQK, (cuuint64_t)p.page_size, (cuuint64_t)p.num_pages};
+  const cuuint64_t strides[2] = {(cuuint64_t)p.kv_stride_slot * 2, (cuuint64_t)p.kv_stride_page * 2};  // bytes
+  const cuuint32_t box[3] = {kChunkDims, (cuuint32_t)box_keys, 1}, elem_strides[3] = {1, 1, 1};
+  if (encode(&kv.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p.kv), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return KvTensor{};
+  kv.box_keys = box_keys;
+  last_key = key;
+  last = kv;
+  return kv;
 }
 
 }  // namespace
@@ -897,12 +1061,12 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
     if (device < 64) opted_in[device] = true;
   }
   const bool pdl = q.pdl != 0;
-  err = launch(hopper_kernel, main_geometry(q), stream, q, pdl);
+  err = launch(hopper_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});
   // The main kernel lets the combine launch only as its blocks finish: let go
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
   // from those (this cost 5 us at one stream of 16384 keys).
-  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, q, pdl);
+  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
   return err;
 }
 

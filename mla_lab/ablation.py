@@ -18,8 +18,13 @@ Each variant is ``csrc/stage10_hopper.cu`` compiled with ``-DMLA_HOPPER_ABLATE``
 ``build/``; its answers are wrong on purpose, so it never becomes an op.  It
 needs a compute capability 9.0 GPU, like the stage.
 
-One more build, ``timeline`` (``-DMLA_HOPPER_TIMELINE=1``), does all the work
-and adds clock reads: thread 0 of each compute warpgroup of block 0 stamps six
+Two more builds do all the work.  ``tma`` (``-DMLA_HOPPER_TMA=1``) loads the
+key tiles another way: where the cache's pages hold 16 keys or more (a
+multiple or a divisor of 64), each whole tile is copied by TMA, the bulk
+tensor copy, one instruction per 8 KB chunk (or per page within one), instead
+of gathered with 16-byte ``cp.async``.  Its answers are right: chapter 10
+times it against the op.  ``timeline`` (``-DMLA_HOPPER_TIMELINE=1``)
+adds clock reads: thread 0 of each compute warpgroup of block 0 stamps six
 points of each tile (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and
 :func:`timeline_summary` says how long each phase takes and for how much of a
 tile both warpgroups are in their softmax at once, when neither has a product
@@ -35,17 +40,21 @@ from .problem import Workload
 
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
 TIMELINE = "timeline"
+TMA = "tma"
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
 
 
 def build_defines(variant: str) -> list[str]:
-    """The compiler flags that select ``variant``'s work (or the timeline build)."""
+    """The compiler flags that select ``variant``'s work (or the timeline or TMA build)."""
     if variant == TIMELINE:
         return ["-DMLA_HOPPER_TIMELINE=1"]
+    if variant == TMA:
+        return ["-DMLA_HOPPER_TMA=1"]
     if variant not in VARIANTS:
-        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} (and {TIMELINE!r})")
+        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} "
+                         f"(and {TIMELINE!r}, {TMA!r})")
     return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}"]
 
 
@@ -60,7 +69,7 @@ def sass_counts(variant: str | None) -> dict[str, int]:
     """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
 
     ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
-    ``Q``; ``SYNCS``: the barrier operations.  A static count (each instruction
+    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies.  A static count (each instruction
     once, however often it runs), from nvcc and cuobjdump, with no GPU.
     """
     from .chapter_display import count_opcodes, instruction_mix, kernel_sass, sass
@@ -72,7 +81,7 @@ def sass_counts(variant: str | None) -> dict[str, int]:
         cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
         text = kernel_sass(cubin, "hopper_kernel")
     mix = instruction_mix(text)
-    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS")}
+    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
 
 
 def flashmla_runner(w: Workload):

@@ -25,6 +25,14 @@ def test_each_variant_takes_away_what_it_says(counts):
     assert counts["neither"] == dict(counts["no_copies"], HGMMA=0)
 
 
+def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
+    tma = ablation.sass_counts(ablation.TMA)
+    assert counts[None]["UTMALDG"] == 0 and tma["UTMALDG"] > 0  # the op never uses TMA
+    assert tma["HGMMA"] == counts[None]["HGMMA"]
+    assert tma["LDGSTS"] >= counts[None]["LDGSTS"]  # the gathers stay, for the tiles TMA cannot copy
+    assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1"]
+
+
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="no_copies, no_math, neither"):
         ablation.build_defines("no_softmax")
@@ -107,3 +115,32 @@ def test_every_variant_runs_and_replays_in_a_graph(variant):
     torch.cuda.synchronize()
     if variant == "no_copies":  # keys all zero: every score 0, every output the mean of zeros
         assert torch.isfinite(call.out.float()).all() and call.out.float().abs().max() == 0
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                    reason="stage 10 runs on compute capability 9.0 only")
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # TMA tiles and a last one gathered
+    Problem(streams=2, q_len=9, heads=8, prefix=(1, 4096), page_size=16),           # four boxes per chunk
+    Problem(streams=3, q_len=2, heads=16, prefix=(5000, 127, 129), page_size=128),  # two tiles per page
+    Problem(streams=2, q_len=4, heads=8, prefix=(700, 33), page_size=32, scattered=True),
+    Problem(streams=4, q_len=1, heads=16, prefix=(63, 64, 65, 130), page_size=1),   # no TMA: every tile gathered
+], ids=lambda p: p.label())
+def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
+    from mla_lab.reference import reference_attention
+    from mla_lab.timing import cuda_graph
+    from mla_lab.verify import compare
+
+    w = make_workload(problem, device="cuda", seed=7, poison=True)
+    call = ablation.runner(ablation.TMA, w)
+    call()
+    torch.cuda.synchronize()
+    ref = reference_attention(*w.args(), check=False)
+    assert compare(call.out, call.lse, *ref).ok
+    call.out.fill_(float("nan"))
+    g = cuda_graph(call)
+    g.replay()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *ref).ok
