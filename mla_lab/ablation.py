@@ -18,17 +18,19 @@ Each variant is ``csrc/stage10_hopper.cu`` compiled with ``-DMLA_HOPPER_ABLATE``
 ``build/``; its answers are wrong on purpose, so it never becomes an op.  It
 needs a compute capability 9.0 GPU, like the stage.
 
-Two more builds do all the work.  ``tma`` (``-DMLA_HOPPER_TMA=1``) loads the
-key tiles another way: where the cache's pages hold 16 keys or more (a
-multiple or a divisor of 64), each whole tile is copied by TMA, the bulk
-tensor copy, one instruction per 8 KB chunk (or per page within one), instead
-of gathered with 16-byte ``cp.async``.  Its answers are right: chapter 10
-times it against the op.  ``timeline`` (``-DMLA_HOPPER_TIMELINE=1``)
-adds clock reads: thread 0 of each compute warpgroup of block 0 stamps six
-points of each tile (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and
-:func:`timeline_summary` says how long each phase takes and for how much of a
-tile both warpgroups are in their softmax at once, when neither has a product
-on the tensor cores.
+Other builds (:data:`BUILDS`) change how the work is done, not how much of
+it.  ``tma`` (``-DMLA_HOPPER_TMA=1``) loads the key tiles another way: where
+the cache's pages hold 16 keys or more (a multiple or a divisor of 64), each
+whole tile is copied by TMA, the bulk tensor copy, one instruction per 8 KB
+chunk (or per page within one), instead of gathered with 16-byte
+``cp.async``.  Its answers are right: chapter 10 times it against the op.
+``tma_no_math`` is that loader with the math taken away, as ``no_math`` takes
+it from the op's: the two loaders alone, for a profile of each.  ``timeline``
+(``-DMLA_HOPPER_TIMELINE=1``) does all the work and adds clock reads: thread 0
+of each compute warpgroup of block 0 stamps six points of each tile
+(:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
+says how long each phase takes and for how much of a tile both warpgroups are
+in their softmax at once, when neither has a product on the tensor cores.
 """
 
 from __future__ import annotations
@@ -41,20 +43,21 @@ from .problem import Workload
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
 TIMELINE = "timeline"
 TMA = "tma"
+TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, for a profile beside no_math's
+BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"],
+          TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
 
 
 def build_defines(variant: str) -> list[str]:
-    """The compiler flags that select ``variant``'s work (or the timeline or TMA build)."""
-    if variant == TIMELINE:
-        return ["-DMLA_HOPPER_TIMELINE=1"]
-    if variant == TMA:
-        return ["-DMLA_HOPPER_TMA=1"]
+    """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`)."""
+    if variant in BUILDS:
+        return list(BUILDS[variant])
     if variant not in VARIANTS:
         raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} "
-                         f"(and {TIMELINE!r}, {TMA!r})")
+                         f"(and the builds {', '.join(BUILDS)})")
     return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}"]
 
 

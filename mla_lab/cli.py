@@ -256,6 +256,9 @@ def _profile_target_args(ap):
     ap.add_argument("--page-size", type=int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
     ap.add_argument("--calls", type=int, default=3, metavar="N", help="calls to make (default 3)")
+    ap.add_argument("--build", default=None, metavar="NAME",
+                    help="hopper only: one of stage 10's ablation variants or builds (mla_lab/ablation.py), "
+                         "e.g. no_math or tma_no_math, instead of the op")
 
 
 def _profile_target(args, argv) -> int:
@@ -264,7 +267,7 @@ def _profile_target(args, argv) -> int:
 
     p = Problem(streams=args.streams, q_len=args.q_len, heads=args.heads, prefix=args.prefix,
                 page_size=args.page_size, scattered=not args.contiguous)
-    profile_target(args.stage, p, num_splits=args.splits, calls=args.calls)
+    profile_target(args.stage, p, num_splits=args.splits, calls=args.calls, build=args.build)
     return 0
 
 
@@ -332,7 +335,8 @@ COMMANDS: tuple[Command, ...] = (
             "for Nsight Compute or Nsight Systems to attach to.",
             "examples:\n  mla-lab profile-target tensor_core 1 9 64 16384\n"
             "  ncu -k regex:tensor_core --launch-skip 2 --launch-count 1 --section SpeedOfLight \\\n"
-            "      mla-lab profile-target tensor_core 1 9 64 16384",
+            "      mla-lab profile-target tensor_core 1 9 64 16384\n"
+            "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --build tma_no_math",
             _profile_target_args, _profile_target),
     Command("check", "how far to trust the kernels: sanitizers, fuzzing, graph soak, two streams, bad inputs",
             lambda: _check_module().DESCRIPTION, lambda: _check_module().EXAMPLES,

@@ -16,9 +16,12 @@
 #             check, every stage but it (the bench stops at the first wrong answer)
 #   extra     beyond the article's grid: 8 streams, drafts of 16, 64 heads (the later chapters read these)
 #   layouts   contiguous pages, and 64-token pages
-#   profile   Nsight Compute on one call (PROFILE="stage B T H prefix", default "tensor_core 1 9 64 16384";
-#             PROFILE_KERNEL, a regex of the kernel to profile, default the stage's name),
-#             report in results/profiles/
+#   profile   Nsight Compute on one call (PROFILE="stage B T H prefix [profile-target options]", default
+#             "tensor_core 1 9 64 16384"; PROFILE_KERNEL, a regex of the kernel to profile, default the
+#             stage's name; PROFILE_NAME, the report's name in place of the stage's), report in
+#             results/profiles/.  Stage 10's loaders alone, for example:
+#               PROFILE="hopper 8 9 64 16384 --page-size 64 --build tma_no_math" PROFILE_KERNEL=hopper_kernel \
+#               PROFILE_NAME=loader-tma-no_math bash scripts/gpu_session.sh profile
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
 #   nbval     the chapters against their stored outputs
 #   chapters  execute, then nbval
@@ -87,15 +90,16 @@ for s in "${steps[@]}"; do
           -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
       step profile
-      read -r pstage pB pT pH pprefix <<< "${PROFILE:-tensor_core 1 9 64 16384}"
+      read -r pstage pB pT pH pprefix pextra <<< "${PROFILE:-tensor_core 1 9 64 16384}"
       gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
-      report="results/profiles/$gpu-$pstage-B$pB-T$pT-H$pH-$pprefix.txt"
+      report="results/profiles/$gpu-${PROFILE_NAME:-$pstage}-B$pB-T$pT-H$pH-$pprefix.txt"
       mkdir -p results/profiles
       # the first two calls warm up; the third is the one measured
-      ncu --target-processes all -k "regex:${PROFILE_KERNEL:-$pstage}" --launch-skip 2 --launch-count 1 \
+      # --clock-control none: the GPU's clocks as the timings saw them (ncu would lock them lower)
+      ncu --clock-control none --target-processes all -k "regex:${PROFILE_KERNEL:-$pstage}" --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section SchedulerStats --section WarpStateStats --section Occupancy \
-          $MLA profile-target "$pstage" "$pB" "$pT" "$pH" "$pprefix" --calls 3 2>&1 | grep -v '^==PROF==' > "$report"
+          $MLA profile-target "$pstage" "$pB" "$pT" "$pH" "$pprefix" --calls 3 $pextra 2>&1 | grep -v '^==PROF==' > "$report"
       grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" "$report" ;;
     *) echo "unknown step $s (the steps are listed at the top of scripts/gpu_session.sh)" ;;
   esac

@@ -33,6 +33,23 @@ def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
     assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1"]
 
 
+def test_the_tma_loader_alone_is_the_tma_build_without_math(counts):
+    defines = ablation.build_defines(ablation.TMA_NO_MATH)
+    assert set(defines) == set(ablation.build_defines(ablation.TMA)) | set(ablation.build_defines("no_math"))
+    alone = ablation.sass_counts(ablation.TMA_NO_MATH)
+    assert alone["HGMMA"] == 0 and alone["UTMALDG"] == ablation.sass_counts(ablation.TMA)["UTMALDG"]
+
+
+def test_profile_target_takes_a_build_for_hopper_only():
+    from mla_lab.explore import profile_target
+
+    p = Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64)
+    with pytest.raises(ValueError, match="hopper"):
+        profile_target("tensor_core", p, build="no_math")
+    with pytest.raises(ValueError, match="unknown ablation"):
+        profile_target("hopper", p, build="no_softmax")
+
+
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="no_copies, no_math, neither"):
         ablation.build_defines("no_softmax")
