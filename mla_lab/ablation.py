@@ -72,8 +72,9 @@ def sass_counts(variant: str | None) -> dict[str, int]:
     """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
 
     ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
-    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies.  A static count (each instruction
-    once, however often it runs), from nvcc and cuobjdump, with no GPU.
+    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies.  A
+    static count (each instruction once, however often it runs), from nvcc and
+    cuobjdump, with no GPU.
     """
     from .chapter_display import count_opcodes, instruction_mix, kernel_sass, sass
     from .resources import compile_cubin

@@ -120,21 +120,17 @@ def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = 
     ``build`` names one of stage 10's ablation variants or builds (``mla_lab/ablation.py``) to call
     instead of the op; only for ``hopper``.
     """
-    if build is not None:
-        from . import ablation
+    from . import ablation, ops
 
+    if build is not None:
         if stage_id != "hopper":
             raise ValueError(f"--build is for stage 10 (hopper) only, not {stage_id!r}")
         ablation.build_defines(build)  # an unknown name is refused before any GPU work
     _require_gpu("profile-target")
-    from . import ops
-
     w = make_workload(problem, device="cuda", seed=1)
     if build is None:
         call = ops.runner(stage_id, w, num_splits=num_splits)
     else:
-        from . import ablation
-
         call = ablation.runner(build, w, num_splits=num_splits)
     for _ in range(calls):
         call()
