@@ -379,9 +379,14 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
         const int slot = seq % kRing;
         if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
         const uint32_t base = ring + slot * kChunkBytes + my_key * 128;
+        // The two threads of a key copy one 32-byte sector per step; which of
+        // the row's four sectors each key takes in step i is turned by the
+        // key, so that the 8 lanes of a quarter warp (4 keys) write 8
+        // different 16-byte columns of the swizzled rows: no bank conflict.
+        // (All keys on sector i at once wrote each column twice.)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int c16 = 2 * i + half;  // 16-byte column of the 128-byte row
+          const int c16 = 2 * (i ^ (my_key & 3)) + half;  // 16-byte column of the 128-byte row
           const uint32_t dst = base + ((c16 ^ (my_key & 7)) << 4);
           if (poisoned)
             st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);

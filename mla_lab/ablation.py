@@ -181,3 +181,22 @@ def timeline_summary(stamps, first: int = 2) -> dict:
     out["overlap"] = float(np.mean(both))
     out["tiles"] = len(tiles)
     return out
+
+
+def timeline_median(calls, first: int = 2) -> dict:
+    """:func:`timeline_summary` of several calls' stamps, each field the median over the calls.
+
+    One call's block 0 is one SM's history: how its two warpgroups fall into
+    step (or out of it) varies from call to call, so a claim about the
+    timeline is read from the median of a few.  ``overlap_range`` is the
+    smallest and largest ``overlap`` among the calls.
+    """
+    import numpy as np
+
+    summaries = [timeline_summary(st, first) for st in calls]
+    if not summaries:
+        raise ValueError("no call's stamps to summarise")
+    out = {k: float(np.median([s[k] for s in summaries])) for k in summaries[0]}
+    out["calls"] = len(summaries)
+    out["overlap_range"] = (min(s["overlap"] for s in summaries), max(s["overlap"] for s in summaries))
+    return out

@@ -84,6 +84,24 @@ def test_the_timeline_summary_reads_phases_and_overlap():
         ablation.timeline_summary(st[:, :3])
 
 
+def test_the_timeline_median_takes_each_field_over_the_calls():
+    import numpy as np
+
+    def stamps(lag):  # the second warpgroup `lag` cycles behind the first
+        st = np.zeros((2, ablation.STAMP_TILES, len(ablation.STAMP_EVENTS)))
+        for g in (0, 1):
+            for t in range(10):
+                base = 1000 * t + lag * g + 1
+                st[g, t] = [base, base + 400, base + 500, base + 700, base + 900, base + 950]
+        return st
+
+    m = ablation.timeline_median([stamps(0), stamps(50), stamps(300)])  # overlaps 0.3, 0.25, 0.0
+    assert m["calls"] == 3 and m["overlap"] == pytest.approx(0.25)
+    assert m["overlap_range"] == pytest.approx((0.0, 0.3)) and m["tile"] == pytest.approx(1000)
+    with pytest.raises(ValueError, match="no call"):
+        ablation.timeline_median([])
+
+
 def test_the_runner_checks_arguments_as_the_op_does():
     w = make_workload(Problem(streams=1, q_len=2, heads=2, prefix=10), seed=0)  # on the CPU
     with pytest.raises(InputError, match="hopper \\(no_math\\)"):
