@@ -85,6 +85,18 @@ constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 #endif
 constexpr bool kUseTma = MLA_HOPPER_TMA != 0;
 
+// The parts of a short call, for chapter 10 (mla_lab/ablation.py builds them
+// as "launch_only", "scheduler_only" and "no_combine"; the op is always built
+// with 0).  MLA_HOPPER_CALL_PART = 1: both kernels are launched, and each
+// returns as soon as it may read its inputs.  2: the main kernel returns once
+// the scheduler has cut the work, and the combine merges whatever the partial
+// slots hold.  3: the main kernel does all of its work, and the combine is not
+// launched (right only where no unit is cut).
+#ifndef MLA_HOPPER_CALL_PART
+#define MLA_HOPPER_CALL_PART 0
+#endif
+constexpr int kCallPart = MLA_HOPPER_CALL_PART;
+
 // A tile's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
 // variant "timeline"; the op is always built with 0).  With
 // MLA_HOPPER_TIMELINE = 1, thread 0 of each compute warpgroup of block 0
@@ -851,11 +863,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, 
   // Launched early behind the stream's previous kernel, which may still be
   // writing q, the cache or kv_lens: wait for it before reading any of them.
   wait_for_previous_grid();
+  if (kCallPart == 1) return;
   const Shape sh = shape_of(p);
   Cursor cur;
   int C;
   plan_share(p, sh, reinterpret_cast<int*>(smem + kOffPlan), cur, C);  // its last barrier publishes the mbarriers too
-  if (blockIdx.x >= C) return;  // no share for this block (the whole block leaves together)
+  if (blockIdx.x >= C || kCallPart == 2) return;  // no share for this block (the whole block leaves together)
 
   if (wg == 0) {
     release_registers<kLoaderRegs>();
@@ -958,6 +971,7 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
 #if MLA_SM90A
   wait_for_previous_grid();
+  if (kCallPart == 1) return;
   const int k = blockIdx.y;  // cut unit
   if (k >= p.plan[2]) return;
   if (gridDim.x == kPairsPerBlock)
@@ -1071,7 +1085,7 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
   // from those (this cost 5 us at one stream of 16384 keys).
-  if (err == cudaSuccess) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
+  if (err == cudaSuccess && kCallPart != 3) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
   return err;
 }
 

@@ -31,6 +31,13 @@ of each compute warpgroup of block 0 stamps six points of each tile
 (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
 says how long each phase takes and for how much of a tile both warpgroups are
 in their softmax at once, when neither has a product on the tensor cores.
+
+The :data:`CALL_PARTS` take a short call apart instead of a tile
+(``-DMLA_HOPPER_CALL_PART``): ``launch_only`` launches both kernels, and each
+returns as soon as it may read its inputs; ``scheduler_only`` stops the main
+kernel once the scheduler has cut the work (the combine still runs);
+``no_combine`` does all of the main kernel's work and launches no combine,
+which is right only where no unit is cut.
 """
 
 from __future__ import annotations
@@ -44,8 +51,12 @@ VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
 TIMELINE = "timeline"
 TMA = "tma"
 TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, for a profile beside no_math's
+# A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
+# kernel stopping after the scheduler's cut; the main kernel whole and no combine launched.
+CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3}
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"],
-          TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
+          TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
+          **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")

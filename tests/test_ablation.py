@@ -12,7 +12,8 @@ from conftest import needs_gpu
 
 @pytest.fixture(scope="module")
 def counts():
-    return {v: ablation.sass_counts(v) for v in (None, *ablation.VARIANTS, ablation.TMA, ablation.TMA_NO_MATH)}
+    return {v: ablation.sass_counts(v) for v in (None, *ablation.VARIANTS, ablation.TMA, ablation.TMA_NO_MATH,
+                                                 *ablation.CALL_PARTS)}
 
 
 def test_each_variant_takes_away_what_it_says(counts):
@@ -38,6 +39,16 @@ def test_the_tma_loader_alone_is_the_tma_build_without_math(counts):
     assert set(defines) == set(ablation.build_defines(ablation.TMA)) | set(ablation.build_defines("no_math"))
     alone = counts[ablation.TMA_NO_MATH]
     assert alone["HGMMA"] == 0 and alone["UTMALDG"] == counts[ablation.TMA]["UTMALDG"]
+
+
+def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
+    # stopped before the work: no product and no key copy is left in the main kernel
+    for part in ("launch_only", "scheduler_only"):
+        assert counts[part]["HGMMA"] == 0 and counts[part]["LDGSTS"] == 0, part
+    # no_combine changes only the host's launches: the main kernel is the op's
+    assert counts["no_combine"] == counts[None]
+    assert set(ablation.CALL_PARTS).isdisjoint(ablation.VARIANTS)
+    assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3"]
 
 
 def test_profile_target_takes_a_build_for_hopper_only():
@@ -179,3 +190,25 @@ def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
     g.replay()
     torch.cuda.synchronize()
     assert compare(call.out, call.lse, *ref).ok
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                    reason="stage 10 runs on compute capability 9.0 only")
+def test_the_call_parts_do_what_they_say():
+    from mla_lab.reference import reference_attention
+    from mla_lab.verify import compare
+
+    # One tile per stream and a block for each: no unit is cut, so without the combine the answer is whole.
+    w = make_workload(Problem(streams=5, q_len=9, heads=8, prefix=55, page_size=64), device="cuda", seed=8, poison=True)
+    call = ablation.runner("no_combine", w)
+    call()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
+    # Returning at once, the main kernel writes nothing: the poisoned output stays NaN.
+    for part in ("launch_only", "scheduler_only"):
+        call = ablation.runner(part, w)
+        call()
+        torch.cuda.synchronize()
+        assert torch.isnan(call.out.float()).all(), part
