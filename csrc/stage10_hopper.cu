@@ -118,6 +118,19 @@ __device__ float tile_stamps[2][kStampTiles][kStampEvents];
 #define MLA_STAMP(event)
 #endif
 
+// The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
+// the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream has
+// at least 64 pairs and they fill their tiles (an eighth of padding at most),
+// the pairs are the M side of every product instead (64 pairs per unit, in
+// compute_rows and hopper_rows_kernel), and the two compute warpgroups split
+// the 512 output dims between them.
+#ifndef MLA_HOPPER_ROWS
+#define MLA_HOPPER_ROWS 0
+#endif
+constexpr int kRowsMode = MLA_HOPPER_ROWS;
+constexpr int kRowsPairs = 64;                  // the M of wgmma: a unit's pairs
+constexpr int kRowsRing = 2 * kChunks;          // two whole tiles: one scored by each warpgroup
+
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
 constexpr int kPBytes = kPairsPerGroup * 128;            // one warpgroup's P^T: 5120
@@ -133,6 +146,20 @@ constexpr int kOffBars = kOffQRow + 2 * kPairsPerGroup * 8;
 constexpr int kOffPlan = kOffBars + 2 * kRing * 8;        // the scheduler's words: warp totals, the share's start
 constexpr int kPlanWords = kThreads / 32 + 2;
 constexpr int kSmemBytes = kOffPlan + kPlanWords * 4 + 1024;  // + slack to align the base
+// The rows layout: the ring of two tiles, Q (64 pairs x 9 chunks, rows of 128 B),
+// the references after each warpgroup's tile, a flag, the sums, lengths, rows of q.
+// P goes into the RoPE chunk of its own tile, which only the scores read.
+constexpr int kROffQ = kRowsRing * kChunkBytes;
+constexpr int kROffMa = kROffQ + kChunks * kRowsPairs * 128;
+constexpr int kROffMb = kROffMa + kRowsPairs * 4;
+constexpr int kROffFlag = kROffMb + kRowsPairs * 4;
+constexpr int kROffL = kROffFlag + 16;
+constexpr int kROffVis = kROffL + 2 * kRowsPairs * 4;
+constexpr int kROffQRow = kROffVis + kRowsPairs * 4;
+constexpr int kROffBars = kROffQRow + kRowsPairs * 8;
+constexpr int kROffPlan = kROffBars + 2 * kRowsRing * 8;
+constexpr int kRowsSmemBytes = kROffPlan + kPlanWords * 4 + 1024;
+static_assert(kRowsSmemBytes <= 232448, "the rows layout must fit a block's shared memory");
 
 // A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
 // of block 0 copies its first tile's S^T, P and O^T (fragment by fragment, at
@@ -182,12 +209,19 @@ struct Shape {
   int groups;  // pair groups of up to kPairsPerBlock per stream
   int per_group;
   int units;   // streams * groups, numbered u = group * streams + stream
+  bool rows;   // the rows layout: groups of up to 64 pairs on wgmma's M
 };
+
+__host__ __device__ constexpr bool rows_layout(int pairs) {
+  return kRowsMode != 0 && pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs;
+}
 
 __host__ __device__ inline Shape shape_of(const MlaParams& p) {
   Shape s;
   s.pairs = p.q_len * p.num_heads;
-  s.groups = (s.pairs + kPairsPerBlock - 1) / kPairsPerBlock;
+  s.rows = rows_layout(s.pairs);
+  const int per_block = s.rows ? kRowsPairs : kPairsPerBlock;
+  s.groups = (s.pairs + per_block - 1) / per_block;
   s.per_group = (s.pairs + s.groups - 1) / s.groups;  // balanced groups, each <= 80 pairs
   s.units = p.batch * s.groups;
   return s;
@@ -350,6 +384,7 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
 // chunk's full barrier by itself once they land, so the loads in flight are
 // bounded only by the ring's free slots.  The block table entry of the next
 // tile is loaded a tile ahead, so its round trip is hidden too.
+template <int kSlots>
 __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
                           uint64_t* full, uint64_t* empty) {
   const int tid = threadIdx.x;          // 0..127
@@ -359,12 +394,12 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
   int seq = 0;  // chunks issued so far
   int u, t0, t1;
   if (!kCopyKeys) {  // the ablation without key copies: the same slots and barriers, no reads
-    for (int i = tid; i < kRing * kChunkBytes / 16; i += 128) st_shared_u128(ring + 16 * i, 0, 0, 0, 0);
+    for (int i = tid; i < kSlots * kChunkBytes / 16; i += 128) st_shared_u128(ring + 16 * i, 0, 0, 0, 0);
     fence_proxy_async();
     while (cur.next(p, u, t0, t1))
       for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
-        if (seq >= kRing) mbar_wait(&empty[seq % kRing], ((seq / kRing) - 1) & 1);
-        mbar_arrive(&full[seq % kRing]);
+        if (seq >= kSlots) mbar_wait(&empty[seq % kSlots], ((seq / kSlots) - 1) & 1);
+        mbar_arrive(&full[seq % kSlots]);
       }
     return;
   }
@@ -388,8 +423,8 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
                                          : p.kv + (int64_t)page * p.kv_stride_page +
                                                (int64_t)(key - (key / p.page_size) * p.page_size) * p.kv_stride_slot;
       for (int j = 0; j < kChunks; ++j) {
-        const int slot = seq % kRing;
-        if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
+        const int slot = seq % kSlots;
+        if (seq >= kSlots) mbar_wait(&empty[slot], ((seq / kSlots) - 1) & 1);
         const uint32_t base = ring + slot * kChunkBytes + my_key * 128;
         // The two threads of a key copy one 32-byte sector per step; which of
         // the row's four sectors each key takes in step i is turned by the
@@ -427,6 +462,7 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
 // the warp with cp.async, as load_keys does.  Gathering every tile with
 // cp.async reached about 60% of HBM bandwidth: 4608 16-byte copies per tile,
 // each an instruction with its own address.
+template <int kSlots>
 __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* smem, uint64_t* full, uint64_t* empty,
                               const KvTensor& kv) {
   const int lane = threadIdx.x % 32;
@@ -434,8 +470,8 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
   const int box_keys = kv.box_keys, boxes = kKeysPerTile / box_keys;
   int seq = 0;
   auto claim_slot = [&]() {
-    const int slot = seq % kRing;
-    if (seq >= kRing) mbar_wait(&empty[slot], ((seq / kRing) - 1) & 1);
+    const int slot = seq % kSlots;
+    if (seq >= kSlots) mbar_wait(&empty[slot], ((seq / kSlots) - 1) & 1);
     return slot;
   };
   int u, t0, t1;
@@ -837,23 +873,380 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       }
   }
 }
+
+// ---- the rows layout: both compute warpgroups on one unit of up to 64 pairs ----
+//
+// The pairs are the M of every product: S[pairs, keys] = Q K^T with N = 64
+// keys, and O[pairs, dims] += P V with N = 64 dims per product.  O is 64 x 512
+// floats: each warpgroup holds half of its dims (128 registers a thread).
+// The tiles of a unit go to the warpgroups in turn, A (even) to warpgroup 0 and
+// B (odd) to warpgroup 1, so each scores a whole tile, and each needs the
+// other's P for its half of the dims.  The softmax reference travels along
+// the chain A, B, A', ...: warpgroup 0 scores A with the reference left by B
+// before it, writes P_A and its reference to shared memory (P into A's RoPE
+// chunk, which only the scores read), and warpgroup 1 takes that reference for
+// B.  The reference moves only when a score passes it by 2^8, so a warpgroup
+// rarely has to rescale O for the other's tile.
+__device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
+                             uint64_t* full, uint64_t* empty, int group, int cta) {
+  constexpr int R = kRowsRing;
+  constexpr int kBarA = 3, kBarB = 4, kBarBoth = 5;  // P_A ready, P_B ready, both warpgroups
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int t256 = threadIdx.x - 128;             // 0..255 over both compute warpgroups
+  const int g = lane / 4, c = 2 * (lane % 4);
+  const int row0 = 16 * warp + g;                 // this thread's rows: row0 and row0 + 8
+  const uint32_t ring = smem_addr(smem);
+  const uint32_t q_s = smem_addr(smem + kROffQ);
+  const uint64_t ring_desc = sw128_desc(ring, 1024), q_desc = sw128_desc(q_s, 1024);
+  float* m_a_s = reinterpret_cast<float*>(smem + kROffMa);
+  float* m_b_s = reinterpret_cast<float*>(smem + kROffMb);
+  int* flag_s = reinterpret_cast<int*>(smem + kROffFlag);
+  float* l_s = reinterpret_cast<float*>(smem + kROffL);
+  int* vis_s = reinterpret_cast<int*>(smem + kROffVis);
+  int64_t* q_row_s = reinterpret_cast<int64_t*>(smem + kROffQRow);
+  const float scale_log2 = p.scale * kLog2e;
+  const int first_share_unit = cur.unit;
+  const int v_pos0 = 1 + 4 * group;  // the ring positions of this warpgroup's V chunks (dims 256 group ..)
+
+  auto release = [&](int s) {  // one arrival per warp on chunk s's slot
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s % R]);
+  };
+  auto slot_of = [&](int s) { return s % R; };
+  // S = Q K^T of the tile whose chunks start at s: 9 chunks, 4 k-steps each, one commit.
+  auto scores = [&](float (&sc)[32], int s) {
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {  // each chunk's k-steps as soon as it has landed
+      mbar_wait(&full[slot_of(s + j)], ((s + j) / R) & 1);
+      fence_proxy_async();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n64k16_ss<0>(sc, q_desc + ((dims_of(j) * kRowsPairs * 128 + 32 * ks) >> 4),
+                              ring_desc + ((slot_of(s + j) * kChunkBytes + 32 * ks) >> 4), j | ks);
+    }
+    wgmma_commit();
+  };
+  // O[:, this warpgroup's dims] += P V of the tile at s, P in registers.
+  // (No fence on O here: a product of the other tile may still be adding to it,
+  // and an instruction that seems to write O while a wgmma does makes ptxas
+  // serialise every wgmma of the kernel.  A rescale is fenced where it is done.)
+  auto pv_regs = [&](float (&o)[4][32], uint32_t (&pk)[16], int s) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pk[i])::"memory");  // P is final before the fence
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n64k16_rs_tb(o[j], &pk[4 * ks], ring_desc + ((slot_of(s + v_pos0 + j) * kChunkBytes + 2048 * ks) >> 4));
+    wgmma_commit();
+  };
+  // The same with the other warpgroup's P, from its tile's RoPE slot.
+  auto pv_smem = [&](float (&o)[4][32], int s) {
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n64k16_ss<1>(o[j], ring_desc + ((slot_of(s) * kChunkBytes + 32 * ks) >> 4),
+                              ring_desc + ((slot_of(s + v_pos0 + j) * kChunkBytes + 2048 * ks) >> 4), 1);
+    wgmma_commit();
+  };
+
+  int seq = 0;
+  int u, t0, t1;
+  while (cur.next(p, u, t0, t1)) {
+    const int b = u % p.batch, grp = u / p.batch;
+    const int kv_len = p.kv_lens[b];
+    const int pair0 = grp * sh.per_group;
+    const int n_pairs = max(0, min(sh.per_group, sh.pairs - pair0));
+
+    // Q of the unit's pairs (row n = pair pair0 + n, 9 swizzled chunks of 64 dims), loaded by both warpgroups.
+    named_barrier(kBarBoth, 256);  // the previous unit's Q, lengths and sums are no longer read
+    if (t256 < kRowsPairs) {
+      const int n = t256, pr = pair0 + n, t = pr / p.num_heads, h = pr - t * p.num_heads;
+      const bool real = n < n_pairs;
+      vis_s[n] = real ? kv_len - p.q_len + t + 1 : 0;
+      q_row_s[n] = real ? (int64_t)b * p.q_stride_b + (int64_t)t * p.q_stride_t + (int64_t)h * p.q_stride_h : -1;
+    }
+    named_barrier(kBarBoth, 256);
+#pragma unroll 1
+    for (int i = t256; i < kRowsPairs * (kDimQK / 8); i += 256) {
+      const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
+      const uint32_t dst = q_s + j * (kRowsPairs * 128) + n * 128 + ((col ^ (n & 7)) << 4);
+      const int64_t row = q_row_s[n];
+      cp_async16(dst, row >= 0 ? (const void*)(p.q + row + 8 * c16) : (const void*)p.q, row >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+    const int vis0 = vis_s[row0], vis1 = vis_s[row0 + 8];
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier(kBarBoth, 256);
+
+    float o[4][32];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 32; ++r) o[j][r] = 0.f;
+    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F;  // the references of rows row0, row0 + 8
+    float l0 = 0.f, l1 = 0.f;  // this thread's part of their sums over this warpgroup's tiles
+    const int first_hidden = kv_len - p.q_len + 1;
+
+    // Scale the scores of `tile`, hide the keys a row may not see, move the
+    // references where a score passes them by 2^8, and make P (bf16 pairs,
+    // as a register A operand) and this thread's part of the sums.
+    auto softmax = [&](const float (&acc)[32], int tile, float& a0, float& a1, uint32_t (&pk)[16]) {
+      const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
+      const int key0 = tile * kKeysPerTile + c;
+      float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+      float sc[32];  // the scaled scores (the accumulators are only read: see pv_regs)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float lo = acc[4 * i + e] * scale_log2, hi = acc[4 * i + 2 + e] * scale_log2;
+          if (edge) {
+            const int key = key0 + 8 * i + e;
+            lo = key < vis0 ? lo : -CUDART_INF_F;
+            hi = key < vis1 ? hi : -CUDART_INF_F;
+          }
+          sc[4 * i + e] = lo;
+          sc[4 * i + 2 + e] = hi;
+          mx0 = fmaxf(mx0, lo);
+          mx1 = fmaxf(mx1, hi);
+        }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float n0 = mx0 > m0 + kRescaleLog2 ? mx0 : m0;  // -inf + 8 is -inf: a first key always moves it
+      const float n1 = mx1 > m1 + kRescaleLog2 ? mx1 : m1;
+      a0 = n0 == m0 ? 1.f : exp2f(m0 - n0);
+      a1 = n1 == m1 ? 1.f : exp2f(m1 - n1);
+      m0 = n0;
+      m1 = n1;
+      const float u0 = m0 == -CUDART_INF_F ? 0.f : m0, u1 = m1 == -CUDART_INF_F ? 0.f : m1;
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
+        const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
+        pk[2 * i] = pack_bf16x2(p0, p1);
+        pk[2 * i + 1] = pack_bf16x2(p2, p3);
+        s0 += p0 + p1;
+        s1 += p2 + p3;
+      }
+      l0 = l0 * a0 + s0;
+      l1 = l1 * a1 + s1;
+    };
+    auto rescale = [&](float a0, float a1) {  // only where no product adds to O
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          o[j][4 * i] *= a0;
+          o[j][4 * i + 1] *= a0;
+          o[j][4 * i + 2] *= a1;
+          o[j][4 * i + 3] *= a1;
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);  // done before the next product reads O
+    };
+    // P (row n = pair, its 64 keys in one swizzled 128-byte row) into the slot of chunk s.
+    auto store_p = [&](const uint32_t (&pk)[16], int s) {
+      const uint32_t base = ring + slot_of(s) * kChunkBytes;
+      const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int chunk = i + mat / 2;
+        stmatrix_x4(base + n * 128 + ((chunk ^ (n & 7)) << 4), pk[2 * i], pk[2 * i + 1], pk[2 * i + 2], pk[2 * i + 3]);
+      }
+    };
+    auto publish_m = [&](float* m_s) {
+      if (c == 0) {
+        m_s[row0] = m0;
+        m_s[row0 + 8] = m1;
+      }
+    };
+    // The other warpgroup's references: how much this one's O and sums shrink.
+    auto take_m = [&](const float* m_s, float& a0, float& a1) {
+      const float n0 = m_s[row0], n1 = m_s[row0 + 8];
+      a0 = n0 == m0 ? 1.f : exp2f(m0 - n0);
+      a1 = n1 == m1 ? 1.f : exp2f(m1 - n1);
+      m0 = n0;
+      m1 = n1;
+      l0 *= a0;
+      l1 *= a1;
+    };
+
+    int prev = -1;       // the first chunk of the previous pair of tiles, -1 at a unit's start
+    bool prev_b = false; // whether it had a tile B
+    auto release_prev = [&]() {  // what the previous pair left to hand back, once its products are done
+      if (prev < 0) return;
+      if (group == 0) {
+        if (prev_b)
+          for (int k = 0; k <= 4; ++k) release(prev + kChunks + k);  // B's P and V dims 0..255
+      } else {
+        if (prev_b)
+          for (int k = 5; k <= 8; ++k) release(prev + kChunks + k);  // B's V dims 256..511
+      }
+    };
+
+    if (!kDoMath) {  // the ablation without math: wait for each chunk, hand it back
+      for (int n = (t1 - t0) * kChunks; n > 0; --n, ++seq) {
+        mbar_wait(&full[slot_of(seq)], (seq / R) & 1);
+        release(seq);
+      }
+    }
+    const int t_end = kDoMath ? t1 : t0;
+    for (int tile = t0; tile < t_end; tile += 2) {
+      const bool has_b = tile + 1 < t_end;
+      const int sa = seq, sb = seq + kChunks;
+      float sc[32];
+      uint32_t pk[16];
+      float a0, a1;
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+      release_prev();
+      if (group == 0) {
+        scores(sc, sa);
+        wgmma_wait<0>();
+        fence_accumulators(sc);
+        for (int k = 5; k <= 8; ++k) release(sa + k);  // A's dims 256..575: scores only, here
+        softmax(sc, tile, a0, a1, pk);
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // nothing in flight reads O
+        store_p(pk, sa);
+        publish_m(m_a_s);
+        fence_proxy_async();
+        release(sa);  // A's RoPE slot: this warpgroup is done with it (the other still reads P there)
+        named_barrier_arrive(kBarA, 256);
+        pv_regs(o, pk, sa);
+        // A's dims 0..255 go back as soon as their products are done: the
+        // next tile A' loads into them while B is finished.
+        wgmma_wait<0>();
+        for (int k = 1; k <= 4; ++k) release(sa + k);
+        if (has_b) {
+          named_barrier(kBarB, 256);
+          for (int k = 5; k <= 8; ++k) release(sb + k);  // B's dims 256..511: not read here
+          take_m(m_b_s, a0, a1);
+          if (flag_s[0]) rescale(a0, a1);  // a reference moved in B: O shrinks before P_B adds to it
+          pv_smem(o, sb);
+        }
+      } else {
+        if (has_b) scores(sc, sb);
+        named_barrier(kBarA, 256);
+        for (int k = 1; k <= 4; ++k) release(sa + k);  // A's dims 0..255: not read here
+        // S_B is done before O may change: a write to O while any product is
+        // in flight makes ptxas serialise every wgmma of the kernel.
+        wgmma_wait<0>();
+        fence_accumulators(sc);
+        take_m(m_a_s, a0, a1);
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+        pv_smem(o, sa);
+        if (has_b) {
+          for (int k = 1; k <= 4; ++k) release(sb + k);  // B's dims 0..255: scores only, here
+          softmax(sc, tile + 1, a0, a1, pk);
+          const bool moved = named_barrier_or(2, 128, a0 != 1.f || a1 != 1.f);
+          if (moved) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+            rescale(a0, a1);
+          }
+          store_p(pk, sb);
+          publish_m(m_b_s);
+          if (tid == 0) flag_s[0] = moved;
+          fence_proxy_async();
+          release(sb);
+          named_barrier_arrive(kBarB, 256);
+        }
+        // P_A and A's dims 256..511 go back before B's products are issued.
+        wgmma_wait<0>();
+        release(sa);
+        for (int k = 5; k <= 8; ++k) release(sa + k);
+        if (has_b) pv_regs(o, pk, sb);
+      }
+      prev = seq;
+      prev_b = has_b;
+      seq += has_b ? 2 * kChunks : kChunks;
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+    release_prev();
+
+    // The sums: of this thread's quad by shuffles, of the two warpgroups through shared memory.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (c == 0) {
+      l_s[group * kRowsPairs + row0] = l0;
+      l_s[group * kRowsPairs + row0 + 8] = l1;
+    }
+    named_barrier(kBarBoth, 256);
+
+    // Write the unit: whole -> out and lse; cut -> this block's partial slot (dims of this warpgroup).
+    const bool whole = t0 == 0 && t1 == unit_tiles(p, u);
+    const int slot = u == first_share_unit ? 0 : 1;
+    const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int n = row0 + 8 * h2;
+      if (n >= n_pairs) continue;
+      const float l = l_s[n] + l_s[kRowsPairs + n];
+      const float m_ref = h2 ? m1 : m0;
+      const float inv = 1.f / l;
+      const float lse_nat = (m_ref + log2f(l)) * 0.6931471805599453f;
+      const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
+      const int dim0 = 256 * group + c;
+      if (whole) {
+        bf16* dst = out_head(p, b, t, h) + dim0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            *reinterpret_cast<uint32_t*>(dst + 64 * j + 8 * i) =
+                pack_bf16x2(o[j][4 * i + 2 * h2] * inv, o[j][4 * i + 2 * h2 + 1] * inv);
+        if (group == 0 && c == 0) *lse_at(p, b, t, h) = lse_nat;
+      } else {
+        float* dst = p.o_partial + (part_row0 + n) * kDimV + dim0;
+        const bool empty_part = l == 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            *reinterpret_cast<float2*>(dst + 64 * j + 8 * i) =
+                empty_part ? make_float2(0.f, 0.f)
+                           : make_float2(o[j][4 * i + 2 * h2] * inv, o[j][4 * i + 2 * h2 + 1] * inv);
+        if (group == 0 && c == 0) p.lse_partial[part_row0 + n] = empty_part ? -CUDART_INF_F : lse_nat;
+      }
+    }
+  }
+}
+
 #endif  // MLA_SM90A
 
-__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
+// The main kernel's body in either layout.
+template <bool kRows>
+__device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& kv) {
+  constexpr int kSlots = kRows ? kRowsRing : kRing;
   extern __shared__ unsigned char smem_raw[];
   // Align to 1024 by pointer arithmetic on smem_raw itself, so the compiler still
   // knows every pointer below is shared memory (LDS/STS, not generic loads).
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBars);
-  uint64_t* empty = full + kRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + (kRows ? kROffBars : kOffBars));
+  uint64_t* empty = full + kSlots;
   // The warpgroup, read through a shuffle so the compiler knows it is the same
   // in every lane: a branch on it is then not divergent, and wgmma stays unserialised.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
   const bool tma = kUseTma && kCopyKeys && kv.box_keys != 0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kRing; ++s) {
+    for (int s = 0; s < kSlots; ++s) {
       // TMA: one arrival (with the bytes to expect); cp.async: every loader thread, once its copies have landed.
       mbar_init(&full[s], tma ? 1 : 128);
       mbar_init(&empty[s], 8);    // every compute warp arrives once its wgmmas are done
@@ -867,18 +1260,20 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, 
   const Shape sh = shape_of(p);
   Cursor cur;
   int C;
-  plan_share(p, sh, reinterpret_cast<int*>(smem + kOffPlan), cur, C);  // its last barrier publishes the mbarriers too
+  plan_share(p, sh, reinterpret_cast<int*>(smem + (kRows ? kROffPlan : kOffPlan)), cur, C);  // its last barrier publishes the mbarriers too
   if (blockIdx.x >= C || kCallPart == 2) return;  // no share for this block (the whole block leaves together)
 
   if (wg == 0) {
     release_registers<kLoaderRegs>();
     if (!tma)
-      load_keys(p, cur, smem, full, empty);
+      load_keys<kSlots>(p, cur, smem, full, empty);
     else if (threadIdx.x < 32)
-      load_keys_tma(p, cur, smem, full, empty, kv);
+      load_keys_tma<kSlots>(p, cur, smem, full, empty, kv);
   } else {
     claim_registers<kComputeRegs>();
-    if (wg == 2 && sh.per_group <= kPairsPerGroup)
+    if (kRows)
+      compute_rows(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x);
+    else if (wg == 2 && sh.per_group <= kPairsPerGroup)
       pass_chunks(p, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
     else
       compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x);
@@ -886,10 +1281,27 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, 
   // This thread's writes are done: the combine may be launched once every
   // block is here (it still waits for the whole grid before reading).
   launch_dependents();
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
+#if MLA_SM90A
+  hopper_main<false>(p, kv);
 #else
   __trap();
 #endif
 }
+
+#if MLA_HOPPER_ROWS
+// The same kernel in the rows layout (built only with MLA_HOPPER_ROWS).
+__global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
+#if MLA_SM90A
+  hopper_main<true>(p, kv);
+#else
+  __trap();
+#endif
+}
+#endif
 
 // ---- the combine kernel: merge the partials of each cut unit --------------------------
 
@@ -1005,7 +1417,9 @@ cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_
   return cudaGetLastError();
 }
 
-LaunchGeometry main_geometry(const MlaParams& p) { return {dim3(p.num_splits), dim3(kThreads), kSmemBytes}; }
+LaunchGeometry main_geometry(const MlaParams& p) {
+  return {dim3(p.num_splits), dim3(kThreads), shape_of(p).rows ? kRowsSmemBytes : kSmemBytes};
+}
 // One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
@@ -1076,11 +1490,20 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (device >= 64 || !opted_in[device]) {
     err = cudaFuncSetAttribute(hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+#if MLA_HOPPER_ROWS
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(hopper_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmemBytes);
+#endif
     if (err != cudaSuccess) return err;
     if (device < 64) opted_in[device] = true;
   }
   const bool pdl = q.pdl != 0;
-  err = launch(hopper_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});
+#if MLA_HOPPER_ROWS
+  auto* main_kernel = sh.rows ? hopper_rows_kernel : hopper_kernel;
+#else
+  auto* main_kernel = hopper_kernel;
+#endif
+  err = launch(main_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});
   // The main kernel lets the combine launch only as its blocks finish: let go
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
@@ -1105,6 +1528,9 @@ cudaError_t hopper_timeline_clear() {
 int hopper_kernels(const KernelHandle** handles) {
   static const KernelHandle kernels[] = {
       {"hopper_kernel", (const void*)hopper_kernel, kThreads, main_geometry},
+#if MLA_HOPPER_ROWS
+      {"hopper_rows_kernel", (const void*)hopper_rows_kernel, kThreads, main_geometry},
+#endif
       {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
   };
   *handles = kernels;

@@ -32,6 +32,15 @@ of each compute warpgroup of block 0 stamps six points of each tile
 says how long each phase takes and for how much of a tile both warpgroups are
 in their softmax at once, when neither has a product on the tensor cores.
 
+The :data:`ROWS_BUILDS` compute in another layout (``-DMLA_HOPPER_ROWS=1``):
+where a stream has 64 pairs or more and they fill their ``wgmma`` tiles (at
+most an eighth of padding), the pairs are the M of every product (64 per
+unit, ``S = Q K^T`` with N = 64 keys, ``O += P V`` with N = 64 dims), and the two
+compute warpgroups score alternate tiles and split the 512 output dims; the
+main kernel is then ``hopper_rows_kernel``.  ``rows`` is that kernel whole
+(its answers are right), ``rows_no_copies`` and ``rows_no_math`` take away
+what ``no_copies`` and ``no_math`` take from the op.
+
 The :data:`CALL_PARTS` take a short call apart instead of a tile
 (``-DMLA_HOPPER_CALL_PART``): ``launch_only`` launches both kernels, and each
 returns as soon as it may read its inputs; ``scheduler_only`` stops the main
@@ -54,7 +63,12 @@ TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, for
 # A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
 # kernel stopping after the scheduler's cut; the main kernel whole and no combine launched.
 CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3}
-BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"],
+# The rows layout (-DMLA_HOPPER_ROWS=1), whole and with each half of the work taken away.
+ROWS = "rows"
+ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],
+               "rows_no_copies": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
+               "rows_no_math": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
+BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
@@ -79,11 +93,17 @@ def load(variant: str, verbose: bool = False):
                       f"ablate-{variant}-sm90a", build_defines(variant), verbose)
 
 
+def main_kernel(variant: str | None) -> str:
+    """The name of the main kernel that ``variant``'s build launches on a stream of many pairs."""
+    return "hopper_rows_kernel" if variant in ROWS_BUILDS else "hopper_kernel"
+
+
 def sass_counts(variant: str | None) -> dict[str, int]:
     """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
 
     ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
-    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies.  A
+    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies;
+    ``WAIT``: the waits for products in flight (``WARPGROUP.DEPBAR``).  A
     static count (each instruction once, however often it runs), from nvcc and
     cuobjdump, with no GPU.
     """
@@ -94,9 +114,29 @@ def sass_counts(variant: str | None) -> dict[str, int]:
         text = sass("hopper", "9.0")
     else:
         cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
-        text = kernel_sass(cubin, "hopper_kernel")
+        text = kernel_sass(cubin, main_kernel(variant))
     mix = instruction_mix(text)
-    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
+    counts = {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
+    counts["WAIT"] = count_opcodes(mix, "WARPGROUP.DEPBAR")
+    return counts
+
+
+def hgmma_shapes(variant: str | None) -> dict[str, int]:
+    """The main kernel's products by shape (``"64x64x16"``: count), as compiled for sm_90a."""
+    import re
+
+    from .chapter_display import kernel_sass, sass
+    from .resources import compile_cubin
+
+    if variant is None:
+        text = sass("hopper", "9.0")
+    else:
+        text = kernel_sass(compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}"),
+                           main_kernel(variant))
+    shapes: dict[str, int] = {}
+    for shape in re.findall(r"HGMMA\.(\d+x\d+x\d+)", text):
+        shapes[shape] = shapes.get(shape, 0) + 1
+    return shapes
 
 
 def flashmla_runner(w: Workload):

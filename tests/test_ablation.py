@@ -23,7 +23,7 @@ def test_each_variant_takes_away_what_it_says(counts):
     assert counts["no_math"]["HGMMA"] == 0 and counts["no_math"]["LDGSTS"] == op["LDGSTS"]
     # no copies: every product there; only Q's copy left (one cp.async in its loop)
     assert counts["no_copies"]["HGMMA"] == op["HGMMA"] and counts["no_copies"]["LDGSTS"] == 1
-    assert counts["neither"] == dict(counts["no_copies"], HGMMA=0)
+    assert dict(counts["neither"], WAIT=0) == dict(counts["no_copies"], HGMMA=0, WAIT=0)  # no product: none to wait for
 
 
 def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
@@ -49,6 +49,23 @@ def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
     assert counts["no_combine"] == counts[None]
     assert set(ablation.CALL_PARTS).isdisjoint(ablation.VARIANTS)
     assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3"]
+
+
+def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(counts):
+    # two warpgroups, each 36 products of scores and 2 x 16 of P V, all 64 x 64 x 16
+    assert ablation.hgmma_shapes(ablation.ROWS) == {"64x64x16": 136}
+    assert ablation.hgmma_shapes(None) == {"64x40x16": counts[None]["HGMMA"]}
+    rows = ablation.sass_counts(ablation.ROWS)
+    # ptxas puts a wait after every wgmma (and says C7515) when an instruction seems to write
+    # an accumulator while a product is in flight: the waits must stay the few the source asks for
+    assert 0 < rows["WAIT"] < rows["HGMMA"] // 8
+    assert 0 < counts[None]["WAIT"] < counts[None]["HGMMA"] // 4
+    assert ablation.main_kernel(ablation.ROWS) == "hopper_rows_kernel" and ablation.main_kernel(None) == "hopper_kernel"
+    # its halves taken away as the op's are
+    assert ablation.sass_counts("rows_no_math")["HGMMA"] == 0
+    alone = ablation.sass_counts("rows_no_copies")
+    assert alone["HGMMA"] == rows["HGMMA"] and alone["LDGSTS"] == 1
+    assert all(ablation.build_defines(b)[0] == "-DMLA_HOPPER_ROWS=1" for b in ablation.ROWS_BUILDS)
 
 
 def test_profile_target_takes_a_build_for_hopper_only():
@@ -185,6 +202,38 @@ def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
     torch.cuda.synchronize()
     ref = reference_attention(*w.args(), check=False)
     assert compare(call.out, call.lse, *ref).ok
+    call.out.fill_(float("nan"))
+    g = cuda_graph(call)
+    g.replay()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *ref).ok
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                    reason="stage 10 runs on compute capability 9.0 only")
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # 9 units of 64 pairs a stream
+    Problem(streams=2, q_len=16, heads=128, prefix=(0, 700), page_size=16),         # an empty stream
+    Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=1),   # one unit, a tile or two
+    Problem(streams=3, q_len=2, heads=128, prefix=(5000, 127, 129), page_size=128),
+    Problem(streams=2, q_len=16, heads=8, prefix=(5000, 1), page_size=64, scattered=True),  # 128 pairs: two units
+    Problem(streams=40, q_len=2, heads=64, prefix=tuple(range(0, 4000, 100)), page_size=64),  # mixed lengths
+    Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144 pairs: the op's layout
+], ids=lambda p: p.label())
+def test_the_rows_build_computes_what_the_op_does_and_replays(problem):
+    from mla_lab.reference import reference_attention
+    from mla_lab.timing import cuda_graph
+    from mla_lab.verify import compare
+
+    w = make_workload(problem, device="cuda", seed=9, poison=True)
+    ref = reference_attention(*w.args(), check=False)
+    for splits in (None, 7):  # one block per SM, and few blocks: long shares, units cut
+        call = ablation.runner(ablation.ROWS, w, num_splits=splits)
+        call()
+        torch.cuda.synchronize()
+        assert compare(call.out, call.lse, *ref).ok, splits
     call.out.fill_(float("nan"))
     g = cuda_graph(call)
     g.replay()
