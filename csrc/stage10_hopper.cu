@@ -555,6 +555,38 @@ __device__ __forceinline__ void release_after(uint64_t* empty, int slot, int lan
   if (lane == 0) mbar_arrive(&empty[slot % kRing]);
 }
 
+// A unit's start: for each of its `rows` pairs (pair0 + n, head fastest), its
+// row in q and how many keys it may see (draft row t sees the cache and the
+// draft up to itself), then Q itself into 9 swizzled 64-dim chunks of `rows`
+// rows of 128 bytes, by the `threads` threads that meet at barrier `bar` (t is
+// this thread's index among them).  Each pair's row is found once, by one
+// thread, not once per 16-byte copy: the copy loop is then a few instructions
+// per copy, which at a unit's start is time no tile hides.  The copies are
+// committed, not waited for.  With kResetM, m_s gets each pair's softmax
+// reference reset to -inf.
+template <bool kResetM>
+__device__ __forceinline__ void load_unit_q(const MlaParams& p, int b, int kv_len, int pair0, int n_pairs, int rows,
+                                            uint32_t q_s, int64_t* q_row_s, int* vis_s, float* m_s, int t, int threads,
+                                            int bar) {
+  named_barrier(bar, threads);  // nobody still reads the previous unit's Q, rows or lengths
+  if (t < rows) {
+    const int pr = pair0 + t, row = pr / p.num_heads, h = pr - row * p.num_heads;
+    const bool real = t < n_pairs;
+    vis_s[t] = real ? kv_len - p.q_len + row + 1 : 0;
+    q_row_s[t] = real ? (int64_t)b * p.q_stride_b + (int64_t)row * p.q_stride_t + (int64_t)h * p.q_stride_h : -1;
+    if (kResetM) m_s[t] = -CUDART_INF_F;
+  }
+  named_barrier(bar, threads);
+#pragma unroll 1  // unrolled, its addresses would take registers the accumulators need (and spill)
+  for (int i = t; i < rows * (kDimQK / 8); i += threads) {
+    const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
+    const uint32_t dst = q_s + j * (rows * 128) + n * 128 + ((col ^ (n & 7)) << 4);
+    const int64_t row = q_row_s[n];
+    cp_async16(dst, row >= 0 ? (const void*)(p.q + row + 8 * c16) : (const void*)p.q, row >= 0 ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
 __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
                         uint64_t* full, uint64_t* empty, int group, int cta) {
@@ -596,26 +628,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
                                                        sh.pairs - pair0)));
 
     // Q^T of this warpgroup's pairs: row n = pair pair0 + n, in 9 swizzled 64-dim chunks.
-    // Each pair's row in q (a division by the head count) is found once, by
-    // one thread, not once per 16-byte copy: the copy loop is then a few
-    // instructions per copy, which at a unit's start is time no tile hides.
-    named_barrier(bar_id, 128);  // nobody still reads the previous unit's Q, rows or keys visible
-    if (tid < kPairsPerGroup) {
-      const int pr = pair0 + tid, t = pr / p.num_heads, h = pr - t * p.num_heads;
-      const bool real = tid < n_pairs;
-      vis_s[tid] = real ? kv_len - p.q_len + t + 1 : 0;
-      q_row_s[tid] = real ? (int64_t)b * p.q_stride_b + (int64_t)t * p.q_stride_t + (int64_t)h * p.q_stride_h : -1;
-      m_s[tid] = -CUDART_INF_F;
-    }
-    named_barrier(bar_id, 128);
-#pragma unroll 1  // unrolled, its addresses would take registers the accumulators need (and spill)
-    for (int i = tid; i < kPairsPerGroup * (kDimQK / 8); i += 128) {
-      const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
-      const uint32_t dst = q_s + j * (kPairsPerGroup * 128) + n * 128 + ((col ^ (n & 7)) << 4);
-      const int64_t row = q_row_s[n];
-      cp_async16(dst, row >= 0 ? (const void*)(p.q + row + 8 * c16) : (const void*)p.q, row >= 0 ? 16 : 0);
-    }
-    cp_async_commit();
+    load_unit_q<true>(p, b, kv_len, pair0, n_pairs, kPairsPerGroup, q_s, q_row_s, vis_s, m_s, tid, 128, bar_id);
     const float* m_cur = m_s;  // the current copy, the same in every thread
     cp_async_wait<0>();
     fence_proxy_async();
@@ -962,23 +975,9 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
     const int pair0 = grp * sh.per_group;
     const int n_pairs = max(0, min(sh.per_group, sh.pairs - pair0));
 
-    // Q of the unit's pairs (row n = pair pair0 + n, 9 swizzled chunks of 64 dims), loaded by both warpgroups.
-    named_barrier(kBarBoth, 256);  // the previous unit's Q, lengths and sums are no longer read
-    if (t256 < kRowsPairs) {
-      const int n = t256, pr = pair0 + n, t = pr / p.num_heads, h = pr - t * p.num_heads;
-      const bool real = n < n_pairs;
-      vis_s[n] = real ? kv_len - p.q_len + t + 1 : 0;
-      q_row_s[n] = real ? (int64_t)b * p.q_stride_b + (int64_t)t * p.q_stride_t + (int64_t)h * p.q_stride_h : -1;
-    }
-    named_barrier(kBarBoth, 256);
-#pragma unroll 1
-    for (int i = t256; i < kRowsPairs * (kDimQK / 8); i += 256) {
-      const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
-      const uint32_t dst = q_s + j * (kRowsPairs * 128) + n * 128 + ((col ^ (n & 7)) << 4);
-      const int64_t row = q_row_s[n];
-      cp_async16(dst, row >= 0 ? (const void*)(p.q + row + 8 * c16) : (const void*)p.q, row >= 0 ? 16 : 0);
-    }
-    cp_async_commit();
+    // Q of the unit's pairs, loaded by both warpgroups (the first barrier also
+    // waits until the previous unit's sums are read).
+    load_unit_q<false>(p, b, kv_len, pair0, n_pairs, kRowsPairs, q_s, q_row_s, vis_s, nullptr, t256, 256, kBarBoth);
     const int vis0 = vis_s[row0], vis1 = vis_s[row0 + 8];
     cp_async_wait<0>();
     fence_proxy_async();
