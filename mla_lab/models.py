@@ -630,3 +630,117 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
             tr.add("out", BF16 * D_V * H)
             tr.add("lse", FP32 * H)
     return tr
+
+
+# ---- stage 10 in the rows layout: the ring's protocol ------------------------------
+
+ROWS_RING_CHUNKS = 18  # csrc/stage10_hopper.cu, kRowsRing: two whole tiles of 9 chunks
+
+
+def _rows_programs(pieces, chunks: int = 9):
+    """The ring operations of the two compute warpgroups of ``compute_rows``, in program order.
+
+    ``pieces`` lists the tiles of each (unit) piece of a block's share.  An
+    operation is ``("full", seq)`` (wait until chunk seq has landed),
+    ``("free", seq)`` (this warpgroup hands chunk seq back), ``("arrive", bar)``
+    / ``("sync", bar)`` for the barriers that publish P_A ("A") and P_B ("B"),
+    or ``("both",)``, where both warpgroups meet.  Waits for products in flight
+    are left out: they depend on nothing but the operations before them.
+    """
+    progs: tuple[list, list] = ([], [])
+    seq = 0
+    for tiles in pieces:
+        for g in (0, 1):
+            progs[g].append(("both",))  # the unit's start (Q's load)
+        prev = None
+        for tile in range(0, tiles, 2):
+            has_b = tile + 1 < tiles
+            sa, sb = seq, seq + chunks
+            w0, w1 = progs
+            if prev is not None and prev[1]:  # what the previous pair left, once its products are done
+                w0 += [("free", prev[0] + chunks + k) for k in range(0, 5)]
+                w1 += [("free", prev[0] + chunks + k) for k in range(5, 9)]
+            # warpgroup 0: scores of A, P_A into A's RoPE slot, P_A V (dims 0..255), then P_B V
+            w0 += [("full", sa + j) for j in range(chunks)]
+            w0 += [("free", sa + k) for k in range(5, 9)] + [("free", sa), ("arrive", "A")]
+            w0 += [("free", sa + k) for k in range(1, 5)]
+            if has_b:
+                w0 += [("sync", "B")] + [("free", sb + k) for k in range(5, 9)]
+            # warpgroup 1: scores of B, then P_A V (dims 256..511), P_B into B's RoPE slot, P_B V
+            if has_b:
+                w1 += [("full", sb + j) for j in range(chunks)]
+            w1 += [("sync", "A")] + [("free", sa + k) for k in range(1, 5)]
+            if has_b:
+                w1 += [("free", sb + k) for k in range(1, 5)] + [("free", sb), ("arrive", "B")]
+            w1 += [("free", sa)] + [("free", sa + k) for k in range(5, 9)]
+            prev = (sa, has_b)
+            seq += 2 * chunks if has_b else chunks
+        if prev is not None and prev[1]:
+            progs[0].extend(("free", prev[0] + chunks + k) for k in range(0, 5))
+            progs[1].extend(("free", prev[0] + chunks + k) for k in range(5, 9))
+        for g in (0, 1):
+            progs[g].append(("both",))  # the sums met, the unit written
+    return progs, seq
+
+
+def rows_ring_schedule(pieces, ring: int = ROWS_RING_CHUNKS, chunks: int = 9) -> dict:
+    """Run the loader and the two compute warpgroups of the rows layout against a ring of ``ring`` chunk slots.
+
+    The loader fills chunk ``seq`` once both warpgroups have handed back chunk
+    ``seq - ring`` (the slot's previous use).  Every actor goes as far as it
+    can, in turn, until all are done or none can move.  Returns ``done`` (no
+    deadlock), ``loaded`` (chunks filled), ``frees`` (per chunk, how many
+    warpgroups handed it back: 2 each when the protocol is right) and
+    ``early`` (chunks handed back before they landed: none when it is right).
+    The programs are written from ``compute_rows`` by hand (a change there
+    must be made here too); the tests run them over many shares.
+    """
+    progs, total = _rows_programs(pieces, chunks)
+    loaded = 0                        # chunks 0 .. loaded-1 have landed
+    frees = [0] * total
+    pc = [0, 0]
+    arrived = {"A": 0, "B": 0}
+    synced = {"A": 0, "B": 0}
+    met = [0, 0]                      # "both" barriers reached by each warpgroup
+    waiting = [False, False]          # a warpgroup at a "both" barrier, counted in met
+    early: list[int] = []
+
+    def step(g) -> bool:
+        if pc[g] >= len(progs[g]):
+            return False
+        op = progs[g][pc[g]]
+        if op[0] == "full":
+            if op[1] >= loaded:
+                return False
+        elif op[0] == "free":
+            frees[op[1]] += 1
+            if op[1] >= loaded:  # handed back before it landed: it would count toward the slot's previous use
+                early.append(op[1])
+        elif op[0] == "arrive":
+            arrived[op[1]] += 1
+        elif op[0] == "sync":
+            if arrived[op[1]] <= synced[op[1]]:
+                return False
+            synced[op[1]] += 1
+        elif op[0] == "both":
+            arrived_now = not waiting[g]
+            if arrived_now:
+                met[g] += 1
+                waiting[g] = True
+            if met[1 - g] < met[g]:  # the other is not here yet
+                return arrived_now
+            waiting[g] = False
+        pc[g] += 1
+        return True
+
+    moved = True
+    while moved:
+        moved = False
+        while loaded < total and (loaded < ring or frees[loaded - ring] == 2):
+            loaded += 1
+            moved = True
+        for g in (0, 1):
+            while step(g):
+                moved = True
+    done = loaded == total and all(pc[g] == len(progs[g]) for g in (0, 1))
+    return {"done": done, "loaded": loaded, "frees": frees, "early": early}

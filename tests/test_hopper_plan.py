@@ -1,11 +1,11 @@
-"""Stage 10's scheduler, on the CPU: how the key tiles of all streams are shared among the blocks."""
+"""Stage 10's scheduler, on the CPU: how the key tiles of all streams are shared among the blocks (and the rows build's ring)."""
 
 import random
 
 import pytest
 
 from mla_lab import stages
-from mla_lab.models import hopper_plan
+from mla_lab.models import ROWS_RING_CHUNKS, hopper_plan, rows_ring_schedule
 
 K = stages.HOPPER_KEYS_PER_TILE
 
@@ -101,3 +101,30 @@ def test_random_batches():
         assert len(covered(plan)) == plan.total_tiles == plan.groups * sum(-(-L // K) for L in lens)
         sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
         assert max(sizes) - min(sizes) <= 1
+
+
+# ---- the rows layout's ring (chapter 10's build "rows"): its protocol on the CPU ----
+
+
+def test_the_rows_ring_model_holds_the_kernels_ring():
+    import re
+
+    from mla_lab.extension import CSRC
+
+    src = (CSRC / "stage10_hopper.cu").read_text()
+    assert re.search(r"constexpr int kRowsRing = 2 \* kChunks;", src) and ROWS_RING_CHUNKS == 2 * 9
+
+
+@pytest.mark.parametrize("pieces", [[1], [2], [3], [8], [57], [1, 1], [2, 3], [1, 4, 1], [6, 1, 7], [9, 2]])
+def test_every_chunk_of_the_rows_ring_lands_and_goes_back_once_per_warpgroup(pieces):
+    r = rows_ring_schedule(pieces)
+    assert r["done"] and r["loaded"] == 9 * sum(pieces)
+    assert r["frees"] == [2] * r["loaded"] and r["early"] == []
+
+
+def test_a_ring_one_chunk_short_of_two_tiles_deadlocks():
+    # the model can fail: with 17 slots the second tile's last chunk waits for the first's RoPE slot,
+    # which holds P_A until warpgroup 1 has used it, after B's scores
+    assert rows_ring_schedule([1], ring=17)["done"]  # one tile fits
+    for pieces in ([2], [7], [1, 1, 5]):
+        assert not rows_ring_schedule(pieces, ring=17)["done"]
