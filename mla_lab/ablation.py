@@ -98,24 +98,28 @@ def main_kernel(variant: str | None) -> str:
     return "hopper_rows_kernel" if variant in ROWS_BUILDS else "hopper_kernel"
 
 
+def main_sass(variant: str | None) -> str:
+    """The SASS of the main kernel compiled for sm_90a (nvcc and cuobjdump, no GPU), ``None`` for the op's own build."""
+    from .chapter_display import kernel_sass, sass
+    from .resources import compile_cubin
+
+    if variant is None:
+        return sass("hopper", "9.0")
+    cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
+    return kernel_sass(cubin, main_kernel(variant))
+
+
 def sass_counts(variant: str | None) -> dict[str, int]:
     """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
 
     ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
     ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies;
     ``WAIT``: the waits for products in flight (``WARPGROUP.DEPBAR``).  A
-    static count (each instruction once, however often it runs), from nvcc and
-    cuobjdump, with no GPU.
+    static count (each instruction once, however often it runs).
     """
-    from .chapter_display import count_opcodes, instruction_mix, kernel_sass, sass
-    from .resources import compile_cubin
+    from .chapter_display import count_opcodes, instruction_mix
 
-    if variant is None:
-        text = sass("hopper", "9.0")
-    else:
-        cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
-        text = kernel_sass(cubin, main_kernel(variant))
-    mix = instruction_mix(text)
+    mix = instruction_mix(main_sass(variant))
     counts = {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
     counts["WAIT"] = count_opcodes(mix, "WARPGROUP.DEPBAR")
     return counts
@@ -124,19 +128,9 @@ def sass_counts(variant: str | None) -> dict[str, int]:
 def hgmma_shapes(variant: str | None) -> dict[str, int]:
     """The main kernel's products by shape (``"64x64x16"``: count), as compiled for sm_90a."""
     import re
+    from collections import Counter
 
-    from .chapter_display import kernel_sass, sass
-    from .resources import compile_cubin
-
-    if variant is None:
-        text = sass("hopper", "9.0")
-    else:
-        text = kernel_sass(compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}"),
-                           main_kernel(variant))
-    shapes: dict[str, int] = {}
-    for shape in re.findall(r"HGMMA\.(\d+x\d+x\d+)", text):
-        shapes[shape] = shapes.get(shape, 0) + 1
-    return shapes
+    return dict(Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", main_sass(variant))))
 
 
 def flashmla_runner(w: Workload):
