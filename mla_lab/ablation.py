@@ -127,10 +127,9 @@ def sass_counts(variant: str | None) -> dict[str, int]:
 
 def hgmma_shapes(variant: str | None) -> dict[str, int]:
     """The main kernel's products by shape (``"64x64x16"``: count), as compiled for sm_90a."""
-    import re
-    from collections import Counter
+    from .chapter_display import hgmma_shapes as shapes
 
-    return dict(Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", main_sass(variant))))
+    return shapes(main_sass(variant))
 
 
 def flashmla_runner(w: Workload):

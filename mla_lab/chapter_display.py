@@ -132,6 +132,11 @@ def instruction_mix(text: str) -> Counter:
     return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text))
 
 
+def hgmma_shapes(text: str) -> dict[str, int]:
+    """The ``HGMMA`` (wgmma) instructions of a SASS listing, by shape: ``{"64x40x16": 68, ...}``."""
+    return dict(Counter(re.findall(r"\bHGMMA\.(\d+x\d+x\d+)\b", text)))
+
+
 def count_opcodes(mix: Counter, *prefixes: str) -> int:
     """How many instructions of ``mix`` start with any of ``prefixes`` (``"FFMA"``, ``"LDS"``, ...)."""
     return sum(v for k, v in mix.items() if k.startswith(prefixes))

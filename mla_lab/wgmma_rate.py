@@ -13,8 +13,6 @@ against the :data:`PEAK_MACS_PER_CLOCK` of the datasheet.
 from __future__ import annotations
 
 import functools
-import re
-from collections import Counter
 
 from .extension import CSRC, load_sm90a
 
@@ -58,7 +56,7 @@ def measure(ns=NS, warpgroups=(1, 2), iters: int = 256) -> list[dict]:
 
 def sass_shapes() -> dict[str, int]:
     """The ``HGMMA`` instructions of the probe compiled for sm_90a, by shape: needs nvcc, no GPU."""
-    from .chapter_display import cubin_sass
+    from .chapter_display import cubin_sass, hgmma_shapes
     from .resources import compile_cubin
 
-    return dict(Counter(re.findall(r"\bHGMMA\.(64x\d+x16)\.F32\.BF16\b", cubin_sass(compile_cubin(SOURCE, "9.0")))))
+    return hgmma_shapes(cubin_sass(compile_cubin(SOURCE, "9.0")))

@@ -180,6 +180,27 @@ def test_every_variant_runs_and_replays_in_a_graph(variant):
         assert torch.isfinite(call.out.float()).all() and call.out.float().abs().max() == 0
 
 
+def _right(call, ref):
+    """``call`` (a build's runner), called once, matches the reference."""
+    from mla_lab.verify import compare
+
+    call()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *ref).ok
+
+
+def _right_again_in_a_graph(call, ref):
+    """``call``, captured in a graph and replayed into an output of NaN, matches the reference."""
+    from mla_lab.timing import cuda_graph
+    from mla_lab.verify import compare
+
+    call.out.fill_(float("nan"))
+    g = cuda_graph(call)
+    g.replay()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *ref).ok
+
+
 @needs_gpu
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
@@ -193,20 +214,11 @@ def test_every_variant_runs_and_replays_in_a_graph(variant):
 ], ids=lambda p: p.label())
 def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
     from mla_lab.reference import reference_attention
-    from mla_lab.timing import cuda_graph
-    from mla_lab.verify import compare
 
     w = make_workload(problem, device="cuda", seed=7, poison=True)
-    call = ablation.runner(ablation.TMA, w)
-    call()
-    torch.cuda.synchronize()
-    ref = reference_attention(*w.args(), check=False)
-    assert compare(call.out, call.lse, *ref).ok
-    call.out.fill_(float("nan"))
-    g = cuda_graph(call)
-    g.replay()
-    torch.cuda.synchronize()
-    assert compare(call.out, call.lse, *ref).ok
+    call, ref = ablation.runner(ablation.TMA, w), reference_attention(*w.args(), check=False)
+    _right(call, ref)
+    _right_again_in_a_graph(call, ref)
 
 
 @needs_gpu
@@ -224,21 +236,13 @@ def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
 ], ids=lambda p: p.label())
 def test_the_rows_build_computes_what_the_op_does_and_replays(problem):
     from mla_lab.reference import reference_attention
-    from mla_lab.timing import cuda_graph
-    from mla_lab.verify import compare
 
     w = make_workload(problem, device="cuda", seed=9, poison=True)
     ref = reference_attention(*w.args(), check=False)
     for splits in (None, 7):  # one block per SM, and few blocks: long shares, units cut
         call = ablation.runner(ablation.ROWS, w, num_splits=splits)
-        call()
-        torch.cuda.synchronize()
-        assert compare(call.out, call.lse, *ref).ok, splits
-    call.out.fill_(float("nan"))
-    g = cuda_graph(call)
-    g.replay()
-    torch.cuda.synchronize()
-    assert compare(call.out, call.lse, *ref).ok
+        _right(call, ref)
+    _right_again_in_a_graph(call, ref)
 
 
 @needs_gpu
