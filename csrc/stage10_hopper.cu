@@ -118,6 +118,17 @@ __device__ float tile_stamps[2][kStampTiles][kStampEvents];
 #define MLA_STAMP(event)
 #endif
 
+// Early scores, for chapter 10 (mla_lab/ablation.py builds it as
+// "early_scores"; the op is always built with 0).  With MLA_HOPPER_EARLY_SCORES
+// = 1, a compute warpgroup issues the next tile's scores right behind this
+// tile's products (issue_next_scores) instead of waiting for the products to
+// finish first; the rest of the kernel is the same.  It computes the right
+// answer and saved nothing (chapter 10 times it and says why).
+#ifndef MLA_HOPPER_EARLY_SCORES
+#define MLA_HOPPER_EARLY_SCORES 0
+#endif
+constexpr bool kEarlyScores = MLA_HOPPER_EARLY_SCORES != 0;
+
 // The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
 // the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream has
 // at least 64 pairs and they fill their tiles (an eighth of padding at most),
@@ -555,6 +566,29 @@ __device__ __forceinline__ void release_after(uint64_t* empty, int slot, int lan
   if (lane == 0) mbar_arrive(&empty[slot % kRing]);
 }
 
+// Only in the "early_scores" build: S^T of the next tile (its chunks from
+// sequence number next_seq), issued while this tile's products (eight commit
+// groups, one per V chunk, the V chunk j in slot slot0 + 1 + j) are in flight.
+// Chunk j of the next tile is issued once V chunk j of this tile has been
+// handed back; with one commit group per chunk of scores, that V chunk's
+// group is then always the eighth newest, so each hand-back waits with 7.
+__device__ __forceinline__ void issue_next_scores(float (&s)[20], uint64_t ring_desc, uint64_t q_desc, uint64_t* full,
+                                                  uint64_t* empty, int next_seq, int slot0, int lane) {
+  const int nslot0 = next_seq % kRing, nphase0 = (next_seq / kRing) & 1;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    if (j < kVChunks) release_after<7>(empty, slot0 + 1 + j, lane);
+    const int wrap = nslot0 + j >= kRing, slot = nslot0 + j - (wrap ? kRing : 0);
+    mbar_wait(&full[slot], nphase0 ^ wrap);
+    fence_proxy_async();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
+                         q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
+    wgmma_commit();
+  }
+}
+
 // A unit's start: for each of its `rows` pairs (pair0 + n, head fastest), its
 // row in q and how many keys it may see (draft row t sees the cache and the
 // draft up to itself), then Q itself into 9 swizzled 64-dim chunks of `rows`
@@ -647,6 +681,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
     // Only the last tiles of a stream hide keys from some pairs (the causal draft).
     const int first_hidden = kv_len - p.q_len + 1;
 
+    float s[20];  // S^T of a tile: its first wgmma overwrites it (scale-d 0)
     for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
       if (!kDoMath) {  // the ablation without math: wait for the tile's chunks, hand them back
         for (int j = 0; j < kChunks; ++j) mbar_wait(&full[(seq + j) % kRing], ((seq + j) / kRing) & 1);
@@ -656,25 +691,29 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
         continue;
       }
       // 1. S^T[64 keys, 40 pairs] = K Q^T over the 9 chunks, 4 k-steps each.
-      float s[20];  // the first wgmma overwrites it (scale-d 0)
       // Each chunk's four k-steps start as soon as that chunk has landed.  The
       // slot and phase of chunk seq + j follow from those of chunk seq.
       const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
       MLA_STAMP(0);
-      wgmma_fence();
+      if (!kEarlyScores || tile == t0) {  // (early_scores: a later tile's were issued behind the last products)
+        wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
-        mbar_wait(&full[slot], phase0 ^ wrap);
-        fence_proxy_async();  // the chunk was written by cp.async (generic proxy); wgmma reads through the async proxy
+        for (int j = 0; j < kChunks; ++j) {
+          const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
+          mbar_wait(&full[slot], phase0 ^ wrap);
+          fence_proxy_async();  // the chunk was written by cp.async (generic proxy); wgmma reads through the async proxy
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
-                             q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
+          for (int ks = 0; ks < 4; ++ks)
+            wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
+                               q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(s);
+      if (kEarlyScores)  // the last tile's products were in flight until the wait: O^T is final only now
+#pragma unroll
+        for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
       MLA_DEBUG_DUMP(0, p.debug[row * kPairsPerGroup + col] = s[r];)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot0]);  // the RoPE chunk (position 0) is done
@@ -816,6 +855,14 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
         wgmma_commit();  // one group per dim tile, so its chunk can go back first
       }
       MLA_STAMP(4);
+      if (kEarlyScores && tile + 1 < t1) {
+        issue_next_scores(s, ring_desc, q_desc, full, empty, seq + kChunks, slot0, lane);
+        MLA_STAMP(5);
+#if MLA_HOPPER_TIMELINE
+        ++stamp_tile;
+#endif
+        continue;
+      }
       // Hand each chunk back to the loader as soon as its products are done: the
       // next tile's last chunks wait for exactly these slots.
       release_after<7>(empty, slot0 + 1, lane);

@@ -41,6 +41,13 @@ main kernel is then ``hopper_rows_kernel``.  ``rows`` is that kernel whole
 (its answers are right), ``rows_no_copies`` and ``rows_no_math`` take away
 what ``no_copies`` and ``no_math`` take from the op.
 
+``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
+a tile's work: a compute warpgroup issues the next tile's scores right behind
+this tile's products, handing each V chunk back as its products finish,
+instead of waiting for all of the products first.  Its answers are right;
+``early_scores_timeline`` is that build with the timeline's stamps (its
+"products done" is then the moment the next tile's scores are all issued).
+
 The :data:`CALL_PARTS` take a short call apart instead of a tile
 (``-DMLA_HOPPER_CALL_PART``): ``launch_only`` launches both kernels, and each
 returns as soon as it may read its inputs; ``scheduler_only`` stops the main
@@ -68,7 +75,12 @@ ROWS = "rows"
 ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],
                "rows_no_copies": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
                "rows_no_math": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
+# The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
+EARLY_SCORES = "early_scores"
+EARLY_SCORES_TIMELINE = "early_scores_timeline"
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
+          EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
+          EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
@@ -177,7 +189,7 @@ def runner(variant: str, w: Workload, *, num_splits: int | None = None):
     return call
 
 
-def timeline(w: Workload, *, num_splits: int | None = None):
+def timeline(w: Workload, *, num_splits: int | None = None, variant: str = TIMELINE):
     """The stamps of one call on ``w``: a float array ``[2, STAMP_TILES, 6]``.
 
     ``[g, t, e]`` is the SM clock, in cycles from the start of compute
@@ -187,11 +199,15 @@ def timeline(w: Workload, *, num_splits: int | None = None):
     has none, and only hands the chunks back).  Both warpgroups start
     together, after the block's barrier, so their clocks can be compared.
     The call is made once to warm up, then again with the stamps cleared.
+    ``variant`` is a build that stamps (:data:`TIMELINE` or
+    :data:`EARLY_SCORES_TIMELINE`).
     """
     import numpy as np
 
-    call = runner(TIMELINE, w, num_splits=num_splits)
-    module = load(TIMELINE)
+    if variant not in (TIMELINE, EARLY_SCORES_TIMELINE):
+        raise ValueError(f"{variant!r} does not stamp a timeline; the builds that do are {TIMELINE}, {EARLY_SCORES_TIMELINE}")
+    call = runner(variant, w, num_splits=num_splits)
+    module = load(variant)
     call()
     module.timeline_clear()
     call()

@@ -68,6 +68,25 @@ def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(cou
     assert all(ablation.build_defines(b)[0] == "-DMLA_HOPPER_ROWS=1" for b in ablation.ROWS_BUILDS)
 
 
+def test_the_early_scores_build_issues_a_second_copy_of_the_scores_and_waits_per_v_chunk(counts):
+    early = ablation.sass_counts(ablation.EARLY_SCORES)
+    # the op's 68 products, and the next tile's 36 products of scores issued behind the products of P V
+    assert early["HGMMA"] == counts[None]["HGMMA"] + 36
+    assert ablation.hgmma_shapes(ablation.EARLY_SCORES) == {"64x40x16": early["HGMMA"]}
+    # one wait more per V chunk (each handed back before the next tile's chunk is issued), not one per product
+    assert early["WAIT"] == counts[None]["WAIT"] + 9 and early["WAIT"] < early["HGMMA"] // 4
+    assert early["LDGSTS"] == counts[None]["LDGSTS"]
+    stamped = ablation.sass_counts(ablation.EARLY_SCORES_TIMELINE)
+    assert stamped["HGMMA"] == early["HGMMA"] and stamped["LDGSTS"] == early["LDGSTS"]
+    assert ablation.EARLY_SCORES not in ablation.VARIANTS
+
+
+def test_only_the_stamping_builds_give_a_timeline():
+    w = make_workload(Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64), device="cpu", seed=0)
+    with pytest.raises(ValueError, match="does not stamp"):
+        ablation.timeline(w, variant=ablation.EARLY_SCORES)
+
+
 def test_profile_target_takes_a_build_for_hopper_only():
     from mla_lab.explore import profile_target
 
@@ -243,6 +262,32 @@ def test_the_rows_build_computes_what_the_op_does_and_replays(problem):
         call = ablation.runner(ablation.ROWS, w, num_splits=splits)
         _right(call, ref)
     _right_again_in_a_graph(call, ref)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                    reason="stage 10 runs on compute capability 9.0 only")
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # several units, one tile long
+    Problem(streams=5, q_len=4, heads=8, prefix=(5000, 1, 33, 640, 2047), page_size=64),
+    Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=1),   # a tile or two per unit
+    Problem(streams=1, q_len=1, heads=1, prefix=777, page_size=16, scattered=True),
+], ids=lambda p: p.label())
+def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=10, poison=True)
+    ref = reference_attention(*w.args(), check=False)
+    for splits in (None, 7):  # short shares, and long ones (many tiles whose scores go in early)
+        call = ablation.runner(ablation.EARLY_SCORES, w, num_splits=splits)
+        _right(call, ref)
+    _right_again_in_a_graph(call, ref)
+    st = ablation.timeline(w, num_splits=7, variant=ablation.EARLY_SCORES_TIMELINE)
+    tiles = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all()]
+    for g in (0, 1):
+        for t in tiles:
+            assert (st[g, t, 1:] >= st[g, t, :-1]).all()
 
 
 @needs_gpu
