@@ -73,7 +73,8 @@ def test_the_early_scores_build_issues_a_second_copy_of_the_scores_and_waits_per
     # the op's 68 products, and the next tile's 36 products of scores issued behind the products of P V
     assert early["HGMMA"] == counts[None]["HGMMA"] + 36
     assert ablation.hgmma_shapes(ablation.EARLY_SCORES) == {"64x40x16": early["HGMMA"]}
-    # one wait more per V chunk (each handed back before the next tile's chunk is issued), not one per product
+    # a wait for each of the eight V chunks handed back before the next tile's chunk goes in (wait_group 7), and
+    # one wait_group 0 more where the compiled loop joins: far fewer than one per product
     assert early["WAIT"] == counts[None]["WAIT"] + 9 and early["WAIT"] < early["HGMMA"] // 4
     assert early["LDGSTS"] == counts[None]["LDGSTS"]
     stamped = ablation.sass_counts(ablation.EARLY_SCORES_TIMELINE)
