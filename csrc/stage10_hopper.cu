@@ -1402,12 +1402,33 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
   const int row = tid / kCols, col = tid % kCols;
   const int dim0 = slice * (kDimV / kSlices) + 4 * col;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-  for (int i = row; i < pieces; i += kRows) {
-    const float wi = weight[i];
-    if (wi == 0.f) continue;
-    const float4 a = *reinterpret_cast<const float4*>(p.o_partial + row_of(i) * kDimV + dim0);
-    acc.x += wi * a.x; acc.y += wi * a.y; acc.z += wi * a.z; acc.w += wi * a.w;
+  // kBatch pieces are loaded before any of them is added, so that their trips
+  // to L2 overlap.  (Loaded and added one at a time, behind a branch on the
+  // weight, each load waited for the one before: at 132 pieces, 17 round trips
+  // in a row were a large part of the merge.)  A piece that weighs nothing is
+  // neither read nor added, and the sums are made in the same order as one at
+  // a time, so the answer is the same to the bit.  Measured on the H200 against
+  // one at a time: 4 saves 3 to 6% of a call of one stream at 8 heads and
+  // loses nothing elsewhere; 8 saves twice that at one stream but takes twice
+  // the registers (66), so the merges of many units, several blocks to an SM,
+  // run fewer blocks at once and lose 4 to 8%; a prefetch of every piece into
+  // L1 before the loop was slower everywhere.
+  constexpr int kBatch = 4;
+  for (int i0 = row; i0 < pieces; i0 += kBatch * kRows) {
+    float wk[kBatch];
+    float4 a[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kRows;
+      wk[k] = i < pieces ? weight[i] : 0.f;
+      a[k] = wk[k] != 0.f ? *reinterpret_cast<const float4*>(p.o_partial + row_of(i) * kDimV + dim0)
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (wk[k] != 0.f) {
+        acc.x += wk[k] * a[k].x; acc.y += wk[k] * a[k].y; acc.z += wk[k] * a[k].z; acc.w += wk[k] * a[k].w;
+      }
   }
   if (row > 0) part[row - 1][col] = acc;
   __syncthreads();
