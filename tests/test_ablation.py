@@ -88,6 +88,23 @@ def test_only_the_stamping_builds_give_a_timeline():
         ablation.timeline(w, variant=ablation.EARLY_SCORES)
 
 
+def test_the_combine_has_four_pieces_in_flight_per_thread():
+    import itertools
+    import re
+
+    from mla_lab.chapter_display import kernel_sass
+    from mla_lab.extension import CSRC
+    from mla_lab.resources import compile_cubin
+
+    # Each of the merge's two variants (one slice, four slices) loads four pieces before its first
+    # multiply-add; loaded and added one at a time, every load waited for the one before.
+    text = kernel_sass(compile_cubin(CSRC / "stage10_hopper.cu", "9.0"), "hopper_combine_kernel")
+    assert "hopper_combine_kernel" in text.splitlines()[0]
+    order = re.findall(r"\b(LDG\.E\.128|FFMA)\b", text)
+    runs = [len(list(run)) for op, run in itertools.groupby(order) if op == "LDG.E.128"]
+    assert runs == [4, 4]
+
+
 def test_profile_target_takes_a_build_for_hopper_only():
     from mla_lab.explore import profile_target
 
