@@ -9,6 +9,10 @@ from mla_lab.validate import InputError
 
 from conftest import needs_gpu
 
+# The builds run where stage 10 does: compute capability 9.0 (skipped on any other GPU).
+sm90_only = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                               reason="stage 10 runs on compute capability 9.0 only")
+
 
 @pytest.fixture(scope="module")
 def counts():
@@ -175,8 +179,7 @@ def test_the_runner_checks_arguments_as_the_op_does():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 def test_the_timeline_build_computes_what_the_op_does_and_stamps_in_order():
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
@@ -200,8 +203,7 @@ def test_the_timeline_build_computes_what_the_op_does_and_stamps_in_order():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 @pytest.mark.parametrize("variant", list(ablation.VARIANTS))
 def test_every_variant_runs_and_replays_in_a_graph(variant):
     from mla_lab.timing import cuda_graph
@@ -238,10 +240,18 @@ def _right_again_in_a_graph(call, ref):
     assert compare(call.out, call.lse, *ref).ok
 
 
+def _right_on_two_grids(build, w, ref):
+    """``build`` matches the reference with one block per SM and with 7 blocks (long shares, units cut),
+    and again replayed in a graph."""
+    for splits in (None, 7):
+        call = ablation.runner(build, w, num_splits=splits)
+        _right(call, ref)
+    _right_again_in_a_graph(call, ref)
+
+
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 @pytest.mark.parametrize("problem", [
     Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # TMA tiles and a last one gathered
     Problem(streams=2, q_len=9, heads=8, prefix=(1, 4096), page_size=16),           # four boxes per chunk
@@ -260,8 +270,7 @@ def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 @pytest.mark.parametrize("problem", [
     Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # 9 units of 64 pairs a stream
     Problem(streams=2, q_len=16, heads=128, prefix=(0, 700), page_size=16),         # an empty stream
@@ -275,17 +284,12 @@ def test_the_rows_build_computes_what_the_op_does_and_replays(problem):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=9, poison=True)
-    ref = reference_attention(*w.args(), check=False)
-    for splits in (None, 7):  # one block per SM, and few blocks: long shares, units cut
-        call = ablation.runner(ablation.ROWS, w, num_splits=splits)
-        _right(call, ref)
-    _right_again_in_a_graph(call, ref)
+    _right_on_two_grids(ablation.ROWS, w, reference_attention(*w.args(), check=False))
 
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 @pytest.mark.parametrize("problem", [
     Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # several units, one tile long
     Problem(streams=5, q_len=4, heads=8, prefix=(5000, 1, 33, 640, 2047), page_size=64),
@@ -296,11 +300,7 @@ def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=10, poison=True)
-    ref = reference_attention(*w.args(), check=False)
-    for splits in (None, 7):  # short shares, and long ones (many tiles whose scores go in early)
-        call = ablation.runner(ablation.EARLY_SCORES, w, num_splits=splits)
-        _right(call, ref)
-    _right_again_in_a_graph(call, ref)
+    _right_on_two_grids(ablation.EARLY_SCORES, w, reference_attention(*w.args(), check=False))
     st = ablation.timeline(w, num_splits=7, variant=ablation.EARLY_SCORES_TIMELINE)
     tiles = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all()]
     for g in (0, 1):
@@ -310,8 +310,7 @@ def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
-                    reason="stage 10 runs on compute capability 9.0 only")
+@sm90_only
 def test_the_call_parts_do_what_they_say():
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
