@@ -1,10 +1,15 @@
 // The Hopper (sm_90a) instructions stage 10 uses, one small wrapper each.
 //
 // Plain inline PTX with no library behind it, so a reader can hold every
-// instruction against the PTX ISA.  Only stage10_hopper.cu includes this file,
-// and only its sm_90a pass compiles the bodies (the guard below): the same
-// extension still builds for sm_120 and for machines with no GPU at all.
+// instruction against the PTX ISA.  Of the extension, only stage10_hopper.cu
+// includes this file (chapter 10's load rate probe does too), and only an
+// sm_90a pass compiles the bodies (the guard below): the same extension still
+// builds for sm_120 and for machines with no GPU at all.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap (the driver call that fills it is found at run time: no -lcuda)
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -16,6 +21,21 @@
 
 namespace mla {
 namespace sm90 {
+
+// The driver's cuTensorMapEncodeTiled, found once at run time (so that nothing
+// links against the driver library), or null where the driver has none.  Host code.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    (void)cudaGetLastError();
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

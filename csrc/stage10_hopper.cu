@@ -31,9 +31,6 @@
 #include "mla_device.cuh"
 #include "sm90_ptx.cuh"
 
-#include <cuda.h>  // CUtensorMap (the driver call that fills it is found at run time: no -lcuda)
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 
 namespace mla {
@@ -1505,15 +1502,7 @@ KvTensor kv_tensor(const MlaParams& p) {
                     reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
                     (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
   if (!fits) return kv;
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    (void)cudaGetLastError();
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return kv;
   struct Key {
     const void* kv;

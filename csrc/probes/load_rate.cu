@@ -25,19 +25,15 @@
 // L2 serves all but the first read), and each group's blocks share its tiles
 // in equal runs.  The binding (load_rate_binding.cpp) builds the tensor maps;
 // mla_lab/load_rate.py times the kernel and turns the time into bytes per second.
-#include <cuda.h>  // CUtensorMap (the driver call that fills it is found at run time: no -lcuda)
-#include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LOAD_RATE_SM90A 1
-#else
-#define LOAD_RATE_SM90A 0
-#endif
+#include "sm90_ptx.cuh"  // the stage's own wrappers: mbarriers, cp.async, the 3-d tensor copy, the map encoder
+
+#define LOAD_RATE_SM90A MLA_SM90A
 
 namespace load_rate {
+
+using namespace mla::sm90;
 
 constexpr int kKeys = 64, kDims = 576, kChunks = 9, kChunkBytes = kKeys * 128, kTileBytes = kChunks * kChunkBytes;
 constexpr int kThreads = 384;  // a loader warpgroup and two of consumers, as in stage 10
@@ -60,38 +56,6 @@ struct Args {
 };
 
 #if LOAD_RATE_SM90A
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-__device__ __forceinline__ void tma_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
-      : "memory");
-}
 __device__ __forceinline__ void tma_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
@@ -125,7 +89,7 @@ __device__ void load(const Args& a, const Maps& maps, int t0, int t1, unsigned c
         const int s = seq % a.ring;
         if (seq >= a.ring) mbar_wait(&empty[s], ((seq / a.ring) - 1) & 1);
         mbar_arrive_expect_tx(&full[s], kChunkBytes);
-        tma_3d(base + s * kChunkBytes, &maps.chunk, 64 * j, 0, page, &full[s]);
+        tma_load_3d(base + s * kChunkBytes, &maps.chunk, 64 * j, 0, page, &full[s]);
       }
     }
     return;
@@ -142,12 +106,12 @@ __device__ void load(const Args& a, const Maps& maps, int t0, int t1, unsigned c
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c16 = 2 * (i ^ (my_key & 3)) + half;
-        cp_async16_l2_256(dst0 + ((c16 ^ (my_key & 7)) << 4), row + 64 * j + 8 * c16);
+        cp_async16_l2_256(dst0 + ((c16 ^ (my_key & 7)) << 4), row + 64 * j + 8 * c16, 16);
       }
       cp_async_arrive(&full[s]);
     }
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
 }
 
 // Block 0's first tile as it landed, unswizzled, by one warp (the check that
@@ -197,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) load_rate_kernel(const Args a, co
       mbar_init(&full[s], a.mode == kCpAsync ? 128 : 1);
       mbar_init(&empty[s], 8);
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the barriers, visible to the bulk copies
+    fence_proxy_async();  // the barriers, visible to the bulk copies
   }
   __syncthreads();
   // This block's run of tiles: the group's blocks cut its tiles into equal runs.
@@ -219,8 +183,7 @@ cudaError_t fail(const char** why, const char* what, cudaError_t err) {
 
 int shared_bytes(int ring) { return ring * kChunkBytes + 2 * kMaxRing * 8 + 1024; }
 
-// Checks the arguments, encodes the maps and launches on `stream`.  The
-// encoder is the driver's, found at run time (no -lcuda), as stage 10 does.
+// Checks the arguments, encodes the maps and launches on `stream`.
 cudaError_t run(const uint16_t* kv, int64_t num_pages, int64_t page_stride, const int* pages, int tiles, int groups,
                 int blocks, int mode, int ring, uint16_t* first_tile, cudaStream_t stream, const char** why) {
   *why = nullptr;
@@ -229,15 +192,7 @@ cudaError_t run(const uint16_t* kv, int64_t num_pages, int64_t page_stride, cons
     return fail(why, "ring must hold 9 to 27 chunks (a multiple of 9 for whole-tile copies)", cudaErrorInvalidValue);
   if (groups < 1 || blocks < groups || blocks % groups != 0) return fail(why, "blocks must be a positive multiple of groups", cudaErrorInvalidValue);
   if (tiles < 1) return fail(why, "no tiles", cudaErrorInvalidValue);
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    (void)cudaGetLastError();
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return fail(why, "the driver has no cuTensorMapEncodeTiled", cudaErrorNotSupported);
   Maps maps = {};
   const cuuint32_t ones[4] = {1, 1, 1, 1};
