@@ -23,8 +23,9 @@
 // The blocks are cut as the stage cuts them: `groups` blocks read each tile at
 // about the same time (stage 10 at 64 heads has 8 pair groups per stream, so
 // L2 serves all but the first read), and each group's blocks share its tiles
-// in equal runs.  The binding (load_rate_binding.cpp) builds the tensor maps;
-// mla_lab/load_rate.py times the kernel and turns the time into bytes per second.
+// in equal runs.  run() below checks its arguments, builds the tensor maps and
+// launches; load_rate_binding.cpp checks the tensors, and mla_lab/load_rate.py
+// times the kernel and turns the time into bytes per second.
 #include <cstdint>
 
 #include "sm90_ptx.cuh"  // the stage's own wrappers: mbarriers, cp.async, the 3-d tensor copy, the map encoder
