@@ -44,6 +44,7 @@ constexpr int kChunks = kDimQK / kChunkDims;     // 9 chunks per key (8 of V, 1 
 constexpr int kVChunks = kDimV / kChunkDims;     // 8
 constexpr int kChunkBytes = kKeysPerTile * 128;  // one chunk of a key tile: 8 KB
 constexpr int kPairsPerGroup = 40;               // N of every wgmma: one warpgroup's pairs
+constexpr int kBarGather = 6;                    // the TMA build's gathering warps (compute: 1, 2; rows: 3-5)
 constexpr int kPairsPerBlock = 2 * kPairsPerGroup;
 constexpr int kRing = 15;                        // chunk slots: a tile in use and 6 chunks ahead
 constexpr int kMinTilesPerBlock = 1;             // a share of one tile still pays: more blocks start at once
@@ -72,15 +73,17 @@ constexpr bool kCopyKeys = (MLA_HOPPER_ABLATE & 1) == 0;
 constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 
 // The loader's other way, for chapter 10 (mla_lab/ablation.py builds it as
-// the variant "tma"; the op is always built with 0).  With MLA_HOPPER_TMA = 1,
-// where the cache's pages hold a multiple or a divisor of 64 keys (16 at the
-// least), whole key tiles are copied by TMA (load_keys_tma) instead of
-// gathered with cp.async; the rest of the kernel is the same.  It computes the
-// right answer, and was slower in every shape measured (chapter 10 times it).
+// the variants "tma" and "tma_first"; the op is always built with 0).  With
+// MLA_HOPPER_TMA = 1, where the cache's pages hold a multiple or a divisor of
+// 64 keys (16 at the least), whole key tiles are copied by TMA (load_keys_tma)
+// instead of gathered with cp.async; the rest of the kernel is the same.  With
+// 2, the same by the loader as first written (load_keys_tma_first), which was
+// slower than cp.async in every shape measured.  Both compute the right answer.
 #ifndef MLA_HOPPER_TMA
 #define MLA_HOPPER_TMA 0
 #endif
 constexpr bool kUseTma = MLA_HOPPER_TMA != 0;
+constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 
 // The parts of a short call, for chapter 10 (mla_lab/ablation.py builds them
 // as "launch_only", "scheduler_only" and "no_combine"; the op is always built
@@ -462,17 +465,118 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
   cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
 }
 
-// The loader when the cache is read by TMA (only in the "tma" build): one
-// warp, and one thread of it issues every copy.  A whole tile is 9 chunks of 1, 2 or 4 boxes; each
-// chunk's full barrier expects its 8 KB and completes when they have landed,
-// with no thread waiting for them.  A stream's last tile (keys past its end
-// must read as zeros) and a tile with a page outside the pool are gathered by
-// the warp with cp.async, as load_keys does.  Gathering every tile with
-// cp.async reached about 60% of HBM bandwidth: 4608 16-byte copies per tile,
-// each an instruction with its own address.
+// The loader when the cache is read by TMA (only in the "tma" build).  Lane 0
+// of warp 0 asks for every whole tile: 9 chunks of 1, 2 or 4 boxes, each
+// chunk's full barrier expecting its 8 KB and completing when they have
+// landed, with no thread waiting for them.  A stream's last tile (keys past
+// its end must read as zeros) and a tile with a page outside the pool are
+// gathered with cp.async by warps 1 and 2, a thread per key; warp 3 has no
+// work.  Both walk the same tiles.
+//
+// The issuing thread works out a tile's box coordinates once and then only
+// issues.  (Its first version worked them out per chunk and per box, a page
+// read and a division each time, and filled shared memory at about half the
+// rate of the same copies issued with the coordinates known; chapter 10's
+// loaders-alone section tells how that was found.)
 template <int kSlots>
 __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* smem, uint64_t* full, uint64_t* empty,
                               const KvTensor& kv) {
+  const int tid = threadIdx.x, lane = tid % 32, key_in_tile = tid - 32;  // key_in_tile: a gatherer's key
+  const bool issuer = tid < 32;
+  const uint32_t ring = smem_addr(smem + kOffRing);
+  const int box_keys = kv.box_keys, boxes = kKeysPerTile / box_keys;
+  int seq = 0;  // the tile's first chunk, in the order of all chunks of the share
+  int u, t0, t1;
+  while (cur.next(p, u, t0, t1)) {
+    const int b = u % p.batch;
+    const int kv_len = p.kv_lens[b];
+    const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
+    for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
+      const int key0 = tile * kKeysPerTile;
+      if (issuer) {
+        // Lane i < boxes holds the page of box i; lane 0 gets all of them (a box past 1 only with pages < 64 keys).
+        const int box_key = key0 + lane * box_keys;
+        const int page = lane < boxes && box_key < kv_len ? table[box_key / p.page_size] : -1;
+        const bool whole = key0 + kKeysPerTile <= kv_len &&
+                           __all_sync(0xffffffffu, lane >= boxes || (page >= 0 && page < p.num_pages));
+        const int page1 = __shfl_sync(0xffffffffu, page, 1), page2 = __shfl_sync(0xffffffffu, page, 2),
+                  page3 = __shfl_sync(0xffffffffu, page, 3);
+        if (whole && lane == 0) {
+          const int in_page = key0 % p.page_size;  // 0 where a page holds fewer keys than a tile
+          for (int j = 0; j < kChunks; ++j) {
+            const int slot = (seq + j) % kSlots;
+            if (seq + j >= kSlots) mbar_wait(&empty[slot], (((seq + j) / kSlots) - 1) & 1);
+            mbar_arrive_expect_tx(&full[slot], kChunkBytes);
+            const uint32_t dst = ring + slot * kChunkBytes;
+            const int dim0 = dims_of(j) * kChunkDims;
+            tma_load_3d(dst, &kv.map, dim0, in_page, page, &full[slot]);
+            if (boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, dim0, 0, page1, &full[slot]);
+            if (boxes > 2) {
+              tma_load_3d(dst + 2 * box_keys * 128, &kv.map, dim0, 0, page2, &full[slot]);
+              tma_load_3d(dst + 3 * box_keys * 128, &kv.map, dim0, 0, page3, &full[slot]);
+            }
+          }
+        }
+        __syncwarp();
+        continue;
+      }
+      // A gatherer: its key's page, and whether any key of the tile is outside the pool.
+      const int key = key0 + key_in_tile;
+      const int pg = key < kv_len ? table[key / p.page_size] : -1;
+      const bool poisoned = key < kv_len && (pg < 0 || pg >= p.num_pages);
+      const bool bad_tile = named_barrier_or(kBarGather, 64, poisoned);
+      if (key0 + kKeysPerTile <= kv_len && !bad_tile) {  // warp 0 asks for this one
+        // Stay within a ring of the compute warpgroups: the gatherers skip whole
+        // tiles, and a parity wait on a slot's empty barrier more than one phase
+        // ahead would pass at once, half the time (in development that overwrote
+        // slots in use and broke the kernel).  Waiting here for this tile's last
+        // slot, as the issuing thread does, keeps the next tile's waits unambiguous.
+        const int last = seq + kChunks - 1;
+        if (key_in_tile == 0 && last >= kSlots) mbar_wait(&empty[last % kSlots], ((last / kSlots) - 1) & 1);
+        continue;
+      }
+      const bf16* row = pg < 0 || poisoned ? p.kv
+                                           : p.kv + (int64_t)pg * p.kv_stride_page + (int64_t)(key % p.page_size) * p.kv_stride_slot;
+      for (int j = 0; j < kChunks; ++j) {
+        const int slot = (seq + j) % kSlots;
+        if (seq + j >= kSlots) mbar_wait(&empty[slot], (((seq + j) / kSlots) - 1) & 1);
+        const uint32_t base = ring + slot * kChunkBytes + key_in_tile * 128;
+#pragma unroll 1
+        for (int c16 = 0; c16 < 8; ++c16) {
+          const uint32_t dst = base + ((c16 ^ (key_in_tile & 7)) << 4);
+          if (poisoned)
+            st_shared_u128(dst, kNanPairBits, kNanPairBits, kNanPairBits, kNanPairBits);
+          else  // a key past the stream reads as zeros (a 0-byte copy fills the 16)
+            cp_async16(dst, pg < 0 ? (const void*)row : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8), pg < 0 ? 0 : 16);
+        }
+        if (bad_tile) {  // bad input only: wait for the copies, and make them and the stores visible to wgmma here
+          cp_async_commit();
+          cp_async_wait<0>();
+          fence_proxy_async();
+        } else {
+          cp_async_arrive_tracked(&full[slot]);  // the compute warpgroups' proxy fence makes the copies visible
+        }
+        named_barrier(kBarGather, 64);  // every copy tracked before the one arrival the barrier expects
+        if (key_in_tile == 0) mbar_arrive(&full[slot]);
+      }
+    }
+  }
+  if (!issuer) cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
+}
+
+// The TMA loader as first written (only in the "tma_first" build, kept for
+// chapter 10, which times it against the one above): one warp, and one thread
+// of it issues every copy, working out each box's coordinates per chunk and
+// per box.  A whole tile is 9 chunks of 1, 2 or 4 boxes; each chunk's full
+// barrier expects its 8 KB and completes when they have landed, with no
+// thread waiting for them.  A stream's last tile (keys past its end must read
+// as zeros) and a tile with a page outside the pool are gathered by the same
+// warp with cp.async.  Gathering every tile with
+// cp.async reached about 60% of HBM bandwidth: 4608 16-byte copies per tile,
+// each an instruction with its own address.
+template <int kSlots>
+__device__ void load_keys_tma_first(const MlaParams& p, Cursor cur, unsigned char* smem, uint64_t* full, uint64_t* empty,
+                                    const KvTensor& kv) {
   const int lane = threadIdx.x % 32;
   const uint32_t ring = smem_addr(smem + kOffRing);
   const int box_keys = kv.box_keys, boxes = kKeysPerTile / box_keys;
@@ -1310,7 +1414,9 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
     release_registers<kLoaderRegs>();
     if (!tma)
       load_keys<kSlots>(p, cur, smem, full, empty);
-    else if (threadIdx.x < 32)
+    else if (kTmaFirst && threadIdx.x < 32)
+      load_keys_tma_first<kSlots>(p, cur, smem, full, empty, kv);
+    else if (!kTmaFirst && threadIdx.x < 96)  // warp 0 issues, warps 1 and 2 gather
       load_keys_tma<kSlots>(p, cur, smem, full, empty, kv);
   } else {
     claim_registers<kComputeRegs>();

@@ -23,9 +23,12 @@ it.  ``tma`` (``-DMLA_HOPPER_TMA=1``) loads the key tiles another way: where
 the cache's pages hold 16 keys or more (a multiple or a divisor of 64), each
 whole tile is copied by TMA, the bulk tensor copy, one instruction per 8 KB
 chunk (or per page within one), instead of gathered with 16-byte
-``cp.async``.  Its answers are right: chapter 10 times it against the op.
-``tma_no_math`` is that loader with the math taken away, as ``no_math`` takes
-it from the op's: the two loaders alone, for a profile of each.  ``timeline``
+``cp.async``.  ``tma_first`` (``-DMLA_HOPPER_TMA=2``) is the same loader as
+first written, which worked out each copy's coordinates per chunk and per box
+and gathered a stream's last tile with one warp.  Their answers are right:
+chapter 10 times both against the op.  ``tma_no_math`` and
+``tma_first_no_math`` are those loaders with the math taken away, as
+``no_math`` takes it from the op's: the loaders alone.  ``timeline``
 (``-DMLA_HOPPER_TIMELINE=1``) does all the work and adds clock reads: thread 0
 of each compute warpgroup of block 0 stamps six points of each tile
 (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
@@ -66,7 +69,10 @@ from .problem import Workload
 VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
 TIMELINE = "timeline"
 TMA = "tma"
-TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, for a profile beside no_math's
+TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, beside no_math's
+# The TMA loader as first written (-DMLA_HOPPER_TMA=2: each box's coordinates worked out per chunk), and its loads alone.
+TMA_FIRST = "tma_first"
+TMA_FIRST_NO_MATH = "tma_first_no_math"
 # A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
 # kernel stopping after the scheduler's cut; the main kernel whole and no combine launched.
 CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3}
@@ -82,6 +88,8 @@ BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
+          TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
+          TMA_FIRST_NO_MATH: ["-DMLA_HOPPER_TMA=2", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64

@@ -17,7 +17,7 @@ sm90_only = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_devi
 @pytest.fixture(scope="module")
 def counts():
     return {v: ablation.sass_counts(v) for v in (None, *ablation.VARIANTS, ablation.TMA, ablation.TMA_NO_MATH,
-                                                 *ablation.CALL_PARTS)}
+                                                 ablation.TMA_FIRST, *ablation.CALL_PARTS)}
 
 
 def test_each_variant_takes_away_what_it_says(counts):
@@ -36,6 +36,16 @@ def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
     assert tma["HGMMA"] == counts[None]["HGMMA"]
     assert tma["LDGSTS"] >= counts[None]["LDGSTS"]  # the gathers stay, for the tiles TMA cannot copy
     assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1"]
+
+
+def test_the_first_tma_loader_is_built_apart_and_also_copies_by_tma(counts):
+    first, tma = counts[ablation.TMA_FIRST], counts[ablation.TMA]
+    assert first["UTMALDG"] > 0 and first["HGMMA"] == counts[None]["HGMMA"]
+    assert ablation.build_defines(ablation.TMA_FIRST) == ["-DMLA_HOPPER_TMA=2"]
+    assert set(ablation.build_defines(ablation.TMA_FIRST_NO_MATH)) == {"-DMLA_HOPPER_TMA=2", "-DMLA_HOPPER_ABLATE=2"}
+    # the first loader issues its boxes from a loop; the other has every box of a chunk written out
+    assert first["UTMALDG"] < tma["UTMALDG"]
+    assert ablation.main_sass(ablation.TMA_FIRST) != ablation.main_sass(ablation.TMA)
 
 
 def test_the_tma_loader_alone_is_the_tma_build_without_math(counts):
@@ -258,14 +268,33 @@ def _right_on_two_grids(build, w, ref):
     Problem(streams=3, q_len=2, heads=16, prefix=(5000, 127, 129), page_size=128),  # two tiles per page
     Problem(streams=2, q_len=4, heads=8, prefix=(700, 33), page_size=32, scattered=True),
     Problem(streams=4, q_len=1, heads=16, prefix=(63, 64, 65, 130), page_size=1),   # no TMA: every tile gathered
+    # several units per block, each ending in a gathered tile after many whole ones: the gathering warps
+    # skip whole tiles, and a version that let them run more than a ring ahead broke here
+    Problem(streams=2, q_len=9, heads=64, prefix=(16384, 9001), page_size=64, scattered=True),
+    Problem(streams=8, q_len=9, heads=8, prefix=(6000, 77, 5000, 4097, 3000, 64, 7000, 1), page_size=32),
 ], ids=lambda p: p.label())
-def test_the_tma_build_computes_what_the_op_does_and_replays(problem):
+@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
+def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=7, poison=True)
-    call, ref = ablation.runner(ablation.TMA, w), reference_attention(*w.args(), check=False)
+    call, ref = ablation.runner(build, w), reference_attention(*w.args(), check=False)
     _right(call, ref)
     _right_again_in_a_graph(call, ref)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
+def test_a_page_outside_the_pool_poisons_only_its_stream_in_the_tma_builds(build):
+    w = make_workload(Problem(streams=3, q_len=9, heads=8, prefix=(3000, 2000, 777), page_size=64), device="cuda",
+                      seed=11, poison=True)
+    call = ablation.runner(build, w)  # the checks run here, on the good table
+    w.block_table[0, 5] = 1 << 30     # then a used slot of stream 0 goes bad, as a graph replay would see it
+    call()
+    torch.cuda.synchronize()
+    assert torch.isnan(call.out[0].float()).all() and torch.isfinite(call.out[1:].float()).all()
 
 
 @needs_gpu
