@@ -501,6 +501,10 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
                            __all_sync(0xffffffffu, lane >= boxes || (page >= 0 && page < p.num_pages));
         const int page1 = __shfl_sync(0xffffffffu, page, 1), page2 = __shfl_sync(0xffffffffu, page, 2),
                   page3 = __shfl_sync(0xffffffffu, page, 3);
+        if (!whole && lane == 0) {  // the gatherers fill this one; stay within a ring (see below)
+          const int last = seq + kChunks - 1;
+          if (last >= kSlots) mbar_wait(&empty[last % kSlots], ((last / kSlots) - 1) & 1);
+        }
         if (whole && lane == 0) {
           const int in_page = key0 % p.page_size;  // 0 where a page holds fewer keys than a tile
           for (int j = 0; j < kChunks; ++j) {
@@ -527,10 +531,11 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
       const bool bad_tile = named_barrier_or(kBarGather, 64, poisoned);
       if (key0 + kKeysPerTile <= kv_len && !bad_tile) {  // warp 0 asks for this one
         // Stay within a ring of the compute warpgroups: the gatherers skip whole
-        // tiles, and a parity wait on a slot's empty barrier more than one phase
-        // ahead would pass at once, half the time (in development that overwrote
-        // slots in use and broke the kernel).  Waiting here for this tile's last
-        // slot, as the issuing thread does, keeps the next tile's waits unambiguous.
+        // tiles (and the issuer gathered ones), and a parity wait on a slot's empty
+        // barrier more than one phase ahead would pass at once, half the time (in
+        // development that overwrote slots in use and broke the kernel).  Waiting
+        // here for this tile's last slot, as the warp that fills it does, keeps the
+        // next tile's waits unambiguous (models.tma_gather_schedule plays it on the CPU).
         const int last = seq + kChunks - 1;
         if (key_in_tile == 0 && last >= kSlots) mbar_wait(&empty[last % kSlots], ((last / kSlots) - 1) & 1);
         continue;

@@ -744,3 +744,79 @@ def rows_ring_schedule(pieces, ring: int = ROWS_RING_CHUNKS, chunks: int = 9) ->
                 moved = True
     done = loaded == total and all(pc[g] == len(progs[g]) for g in (0, 1))
     return {"done": done, "loaded": loaded, "frees": frees, "early": early}
+
+
+# ---- the TMA build's loader (chapter 10's build "tma"): its protocol on the CPU ----
+
+
+def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: int = 9,
+                        skip_wait: bool = True) -> dict:
+    """Run the fixed TMA loader's two kinds of loader warp and the consumers against a ring of ``ring`` slots.
+
+    ``tiles`` is a block's walk, a bool per tile: whole (asked for by the
+    issuing warp, by TMA) or not (a stream's last tile, or one with a page
+    outside the pool: gathered by two other warps).  Both kinds of warp walk
+    every tile, and each claims a chunk's slot by waiting on the slot's
+    *empty* mbarrier.  Such a wait names only the parity of the phase it waits
+    for: it passes when the barrier's completed phases differ in parity from
+    the one asked for, so a wait for a phase two or more ahead may pass at
+    once.  The consumers take the chunks in order and hand each back (one
+    phase of its slot's barrier).  With ``skip_wait`` each kind of warp, at a
+    tile the other fills, waits for that tile's last slot (``load_keys_tma``);
+    without it neither does.
+
+    Every actor goes as far as it can, in turn, the loaders before the
+    consumers (on the GPU a skipped tile costs a warp next to nothing).
+    Returns ``done`` (every chunk consumed), ``overwrites`` (chunks written
+    into a slot whose previous chunk had not been handed back) and
+    ``consumed``.  The programs are written from ``load_keys_tma`` by hand.
+    """
+    total = len(tiles) * chunks
+    phases = [0] * ring            # completed phases of each slot's empty barrier (hand-backs)
+    holds = [None] * ring          # the chunk a slot holds
+    overwrites: list[int] = []
+
+    def slot_free(seq) -> bool:    # mbarrier.try_wait.parity for the phase that frees chunk seq's slot
+        if seq < ring:
+            return True
+        return phases[seq % ring] % 2 != (seq // ring - 1) % 2
+
+    progs = {"issuer": [], "gatherer": []}
+    for t, whole in enumerate(tiles):
+        seq0 = t * chunks
+        filler, skipper = ("issuer", "gatherer") if whole else ("gatherer", "issuer")
+        for j in range(chunks):
+            progs[filler] += [("wait", seq0 + j), ("fill", seq0 + j)]
+        if skip_wait:
+            progs[skipper].append(("wait", seq0 + chunks - 1))
+    pc = {"issuer": 0, "gatherer": 0}
+    consumed = 0
+
+    def step(who) -> bool:
+        nonlocal consumed
+        if who == "consumer":
+            if consumed >= total or holds[consumed % ring] != consumed:
+                return False
+            holds[consumed % ring] = None
+            phases[consumed % ring] += 1
+            consumed += 1
+            return True
+        if pc[who] >= len(progs[who]):
+            return False
+        op, seq = progs[who][pc[who]]
+        if op == "wait" and not slot_free(seq):
+            return False
+        if op == "fill":
+            if seq >= ring and phases[seq % ring] < seq // ring:
+                overwrites.append(seq)
+            holds[seq % ring] = seq
+        pc[who] += 1
+        return True
+
+    moved = True
+    while moved and not overwrites:
+        moved = False
+        for who in ("issuer", "gatherer", "consumer"):
+            while not overwrites and step(who):
+                moved = True
+    return {"done": consumed == total and not overwrites, "overwrites": overwrites, "consumed": consumed}

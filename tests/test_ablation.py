@@ -272,14 +272,18 @@ def _right_on_two_grids(build, w, ref):
     # skip whole tiles, and a version that let them run more than a ring ahead broke here
     Problem(streams=2, q_len=9, heads=64, prefix=(16384, 9001), page_size=64, scattered=True),
     Problem(streams=8, q_len=9, heads=8, prefix=(6000, 77, 5000, 4097, 3000, 64, 7000, 1), page_size=32),
+    # streams shorter than a tile between long ones: gathered tiles in a row, which the issuing warp skips
+    Problem(streams=7, q_len=2, heads=8, prefix=(3000, 10, 20, 30, 40, 50, 5000), page_size=64),
 ], ids=lambda p: p.label())
 @pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
 def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=7, poison=True)
-    call, ref = ablation.runner(build, w), reference_attention(*w.args(), check=False)
-    _right(call, ref)
+    ref = reference_attention(*w.args(), check=False)
+    for splits in (None, 1):  # one block per SM, and one block walking every tile
+        call = ablation.runner(build, w, num_splits=splits)
+        _right(call, ref)
     _right_again_in_a_graph(call, ref)
 
 
@@ -287,12 +291,13 @@ def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
-def test_a_page_outside_the_pool_poisons_only_its_stream_in_the_tma_builds(build):
+@pytest.mark.parametrize("splits", [None, 1])
+def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build, splits):
     w = make_workload(Problem(streams=3, q_len=9, heads=8, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
-    call = ablation.runner(build, w)  # the checks run here, on the good table
-    w.block_table[0, 5] = 1 << 30     # then a used slot of stream 0 goes bad, as a graph replay would see it
-    call()
+    call = ablation.runner(build, w, num_splits=splits)  # the checks run here, on the good table
+    w.block_table[0, 5:9] = 1 << 30  # then four used slots of stream 0 go bad (gathered tiles in a row),
+    call()                           # as a graph replay would see them
     torch.cuda.synchronize()
     assert torch.isnan(call.out[0].float()).all() and torch.isfinite(call.out[1:].float()).all()
 
