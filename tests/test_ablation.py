@@ -250,10 +250,10 @@ def _right_again_in_a_graph(call, ref):
     assert compare(call.out, call.lse, *ref).ok
 
 
-def _right_on_two_grids(build, w, ref):
-    """``build`` matches the reference with one block per SM and with 7 blocks (long shares, units cut),
-    and again replayed in a graph."""
-    for splits in (None, 7):
+def _right_on_two_grids(build, w, ref, few_blocks=7):
+    """``build`` matches the reference with one block per SM and with ``few_blocks`` blocks (long shares,
+    units cut), and again replayed in a graph."""
+    for splits in (None, few_blocks):
         call = ablation.runner(build, w, num_splits=splits)
         _right(call, ref)
     _right_again_in_a_graph(call, ref)
@@ -280,11 +280,8 @@ def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=7, poison=True)
-    ref = reference_attention(*w.args(), check=False)
-    for splits in (None, 1):  # one block per SM, and one block walking every tile
-        call = ablation.runner(build, w, num_splits=splits)
-        _right(call, ref)
-    _right_again_in_a_graph(call, ref)
+    # one block per SM, and one block walking every tile
+    _right_on_two_grids(build, w, reference_attention(*w.args(), check=False), few_blocks=1)
 
 
 @needs_gpu
