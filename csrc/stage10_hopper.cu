@@ -85,6 +85,20 @@ constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 constexpr bool kUseTma = MLA_HOPPER_TMA != 0;
 constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 
+// The proxy fence, only where it is needed (mla_lab/ablation.py builds it with
+// the TMA loader as "tma_fewer_fences"; the op is always built with 0).  The
+// tensor cores read shared memory through the async proxy; cp.async writes it
+// through the generic proxy, so a compute warp fences (fence.proxy.async) after
+// each chunk's wait and before its products.  The tensor copy writes through
+// the async proxy itself: with MLA_HOPPER_FENCE_GATHERED_ONLY = 1 and the TMA
+// loader in use, only the chunks of a stream's last tile, which the gatherers
+// fill with cp.async, are fenced.  (A tile with a page outside the pool is
+// fenced by the gatherers themselves, after waiting for their copies.)
+#ifndef MLA_HOPPER_FENCE_GATHERED_ONLY
+#define MLA_HOPPER_FENCE_GATHERED_ONLY 0
+#endif
+constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
+
 // The parts of a short call, for chapter 10 (mla_lab/ablation.py builds them
 // as "launch_only", "scheduler_only" and "no_combine"; the op is always built
 // with 0).  MLA_HOPPER_CALL_PART = 1: both kernels are launched, and each
@@ -729,7 +743,7 @@ __device__ __forceinline__ void load_unit_q(const MlaParams& p, int b, int kv_le
 
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
 __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
-                        uint64_t* full, uint64_t* empty, int group, int cta) {
+                        uint64_t* full, uint64_t* empty, int group, int cta, bool tma_chunks) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = 2 * (lane % 4);  // fragment row (+8) and column (+1) of this lane
   const int bar_id = 1 + group;
@@ -800,6 +814,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       // Each chunk's four k-steps start as soon as that chunk has landed.  The
       // slot and phase of chunk seq + j follow from those of chunk seq.
       const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
+      // Only chunks that cp.async wrote need the fence (see kFenceGatheredOnly): with the TMA loader in use,
+      // those of a stream's last tile, unless it is whole.
+      const bool fence_chunks = !kFenceGatheredOnly || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len;
       MLA_STAMP(0);
       if (!kEarlyScores || tile == t0) {  // (early_scores: a later tile's were issued behind the last products)
         wgmma_fence();
@@ -807,7 +824,8 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
         for (int j = 0; j < kChunks; ++j) {
           const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
           mbar_wait(&full[slot], phase0 ^ wrap);
-          fence_proxy_async();  // the chunk was written by cp.async (generic proxy); wgmma reads through the async proxy
+          // wgmma reads through the async proxy: a chunk that cp.async wrote (the generic proxy) is fenced first.
+          if (fence_chunks) fence_proxy_async();
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
             wgmma_m64n40k16<0>(s, ring_desc + ((slot * kChunkBytes + 32 * ks) >> 4),
@@ -1430,7 +1448,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
     else if (wg == 2 && sh.per_group <= kPairsPerGroup)
       pass_chunks(p, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
     else
-      compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x);
+      compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x, tma);
   }
   // This thread's writes are done: the combine may be launched once every
   // block is here (it still waits for the whole grid before reading).

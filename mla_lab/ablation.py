@@ -28,7 +28,11 @@ first written, which worked out each copy's coordinates per chunk and per box
 and gathered a stream's last tile with one warp.  Their answers are right:
 chapter 10 times both against the op.  ``tma_no_math`` and
 ``tma_first_no_math`` are those loaders with the math taken away, as
-``no_math`` takes it from the op's: the loaders alone.  ``timeline``
+``no_math`` takes it from the op's: the loaders alone.  ``tma_fewer_fences``
+(``-DMLA_HOPPER_FENCE_GATHERED_ONLY=1`` on top of ``tma``) drops the compute
+warps' proxy fence (``fence.proxy.async``) before the products of a chunk that
+the tensor copy wrote: it writes through the async proxy, which the tensor
+cores read through, so only the chunks gathered with ``cp.async`` need it.  ``timeline``
 (``-DMLA_HOPPER_TIMELINE=1``) does all the work and adds clock reads: thread 0
 of each compute warpgroup of block 0 stamps six points of each tile
 (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
@@ -73,6 +77,8 @@ TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, bes
 # The TMA loader as first written (-DMLA_HOPPER_TMA=2: each box's coordinates worked out per chunk), and its loads alone.
 TMA_FIRST = "tma_first"
 TMA_FIRST_NO_MATH = "tma_first_no_math"
+# The TMA loader with the compute warps' proxy fence kept only for the chunks gathered with cp.async.
+TMA_FEWER_FENCES = "tma_fewer_fences"
 # A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
 # kernel stopping after the scheduler's cut; the main kernel whole and no combine launched.
 CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3}
@@ -90,6 +96,7 @@ BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
           TMA_FIRST_NO_MATH: ["-DMLA_HOPPER_TMA=2", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
+          TMA_FEWER_FENCES: ["-DMLA_HOPPER_TMA=1", "-DMLA_HOPPER_FENCE_GATHERED_ONLY=1"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64

@@ -17,7 +17,7 @@ sm90_only = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_devi
 @pytest.fixture(scope="module")
 def counts():
     return {v: ablation.sass_counts(v) for v in (None, *ablation.VARIANTS, ablation.TMA, ablation.TMA_NO_MATH,
-                                                 ablation.TMA_FIRST, *ablation.CALL_PARTS)}
+                                                 ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES, *ablation.CALL_PARTS)}
 
 
 def test_each_variant_takes_away_what_it_says(counts):
@@ -46,6 +46,14 @@ def test_the_first_tma_loader_is_built_apart_and_also_copies_by_tma(counts):
     # the first loader issues its boxes from a loop; the other has every box of a chunk written out
     assert first["UTMALDG"] < tma["UTMALDG"]
     assert ablation.main_sass(ablation.TMA_FIRST) != ablation.main_sass(ablation.TMA)
+
+
+def test_the_fewer_fences_build_is_the_tma_build_with_its_fences_chosen(counts):
+    defines = ablation.build_defines(ablation.TMA_FEWER_FENCES)
+    assert set(defines) == set(ablation.build_defines(ablation.TMA)) | {"-DMLA_HOPPER_FENCE_GATHERED_ONLY=1"}
+    # the same products and copies as the TMA build; only whether a chunk's fence runs differs
+    assert counts[ablation.TMA_FEWER_FENCES] == counts[ablation.TMA]
+    assert ablation.main_sass(ablation.TMA_FEWER_FENCES) != ablation.main_sass(ablation.TMA)
 
 
 def test_the_tma_loader_alone_is_the_tma_build_without_math(counts):
@@ -275,7 +283,7 @@ def _right_on_two_grids(build, w, ref, few_blocks=7):
     # streams shorter than a tile between long ones: gathered tiles in a row, which the issuing warp skips
     Problem(streams=7, q_len=2, heads=8, prefix=(3000, 10, 20, 30, 40, 50, 5000), page_size=64),
 ], ids=lambda p: p.label())
-@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
+@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES])
 def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
     from mla_lab.reference import reference_attention
 
@@ -287,7 +295,7 @@ def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
-@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST])
+@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES])
 @pytest.mark.parametrize("splits", [None, 1])
 def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build, splits):
     w = make_workload(Problem(streams=3, q_len=9, heads=8, prefix=(3000, 2000, 777), page_size=64), device="cuda",
