@@ -173,3 +173,26 @@ def test_the_tma_loader_model_holds_the_kernels_waits_at_skipped_tiles():
     wait = (r"const int last = seq \+ kChunks - 1;\s*if \((?:key_in_tile == 0 && )?last >= kSlots\) "
             r"mbar_wait\(&empty\[last % kSlots\], \(\(last / kSlots\) - 1\) & 1\);")
     assert len(re.findall(wait, body)) == 2  # the gatherers at a whole tile, the issuer at a gathered one
+
+
+def test_with_fewer_fences_every_chunk_written_by_a_generic_store_is_still_fenced():
+    """The build tma_fewer_fences skips the compute warps' proxy fence on the chunks the tensor copy wrote.
+
+    Read from the source: the issuing warp takes a tile only when it is whole and every page is in the pool;
+    the gatherers fence a tile with a bad page themselves (after waiting for their copies) and arrive plainly;
+    so the only chunks left to the compute warps' fence are those of a tile that is not whole, which the
+    compute warps' condition covers.
+    """
+    import re
+
+    from mla_lab.extension import CSRC
+
+    src = (CSRC / "stage10_hopper.cu").read_text()
+    loader = src[src.index("__device__ void load_keys_tma("):src.index("__device__ void load_keys_tma_first(")]
+    assert "const bool whole = key0 + kKeysPerTile <= kv_len &&" in loader
+    assert "if (key0 + kKeysPerTile <= kv_len && !bad_tile) {  // warp 0 asks for this one" in loader
+    bad = re.search(r"if \(bad_tile\) \{[^}]*cp_async_wait<0>\(\);\s*fence_proxy_async\(\);", loader)
+    assert bad, "the gatherers must fence a tile with a bad page themselves"
+    fence = re.search(r"const bool fence_chunks = ([^;]+);", src)
+    assert fence and fence.group(1) == "!kFenceGatheredOnly || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len"
+    assert "if (fence_chunks) fence_proxy_async();" in src
