@@ -46,7 +46,10 @@ unit, ``S = Q K^T`` with N = 64 keys, ``O += P V`` with N = 64 dims), and the tw
 compute warpgroups score alternate tiles and split the 512 output dims; the
 main kernel is then ``hopper_rows_kernel``.  ``rows`` is that kernel whole
 (its answers are right), ``rows_no_copies`` and ``rows_no_math`` take away
-what ``no_copies`` and ``no_math`` take from the op.
+what ``no_copies`` and ``no_math`` take from the op.  ``rows_tma``
+(``-DMLA_HOPPER_TMA=1`` on top of ``rows``) feeds the rows kernel with the
+``tma`` build's loader, which fills the same chunks in the same swizzle; its
+answers are right, and ``rows_tma_no_math`` is its loads alone.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -87,6 +90,9 @@ ROWS = "rows"
 ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],
                "rows_no_copies": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
                "rows_no_math": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
+# The rows layout fed by the TMA loader, whole and its loads alone.
+ROWS_TMA = "rows_tma"
+ROWS_TMA_NO_MATH = "rows_tma_no_math"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -97,6 +103,8 @@ BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
           TMA_FIRST_NO_MATH: ["-DMLA_HOPPER_TMA=2", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FEWER_FENCES: ["-DMLA_HOPPER_TMA=1", "-DMLA_HOPPER_FENCE_GATHERED_ONLY=1"],
+          ROWS_TMA: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1"],
+          ROWS_TMA_NO_MATH: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
@@ -122,7 +130,8 @@ def load(variant: str, verbose: bool = False):
 
 def main_kernel(variant: str | None) -> str:
     """The name of the main kernel that ``variant``'s build launches on a stream of many pairs."""
-    return "hopper_rows_kernel" if variant in ROWS_BUILDS else "hopper_kernel"
+    rows = variant is not None and "-DMLA_HOPPER_ROWS=1" in build_defines(variant)
+    return "hopper_rows_kernel" if rows else "hopper_kernel"
 
 
 def main_sass(variant: str | None) -> str:

@@ -90,6 +90,21 @@ def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(cou
     assert all(ablation.build_defines(b)[0] == "-DMLA_HOPPER_ROWS=1" for b in ablation.ROWS_BUILDS)
 
 
+def test_the_rows_tma_build_is_the_rows_kernel_with_the_tma_loader(counts):
+    assert set(ablation.build_defines(ablation.ROWS_TMA)) == {"-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1"}
+    assert set(ablation.build_defines(ablation.ROWS_TMA_NO_MATH)) == (
+        set(ablation.build_defines(ablation.ROWS_TMA)) | set(ablation.build_defines("no_math")))
+    assert ablation.main_kernel(ablation.ROWS_TMA) == "hopper_rows_kernel"
+    assert ablation.main_kernel(ablation.ROWS_TMA_NO_MATH) == "hopper_rows_kernel"
+    rows, rows_tma = ablation.sass_counts(ablation.ROWS), ablation.sass_counts(ablation.ROWS_TMA)
+    # the rows kernel's products and waits, untouched; its keys copied by the tensor copy, as the tma build's are
+    assert ablation.hgmma_shapes(ablation.ROWS_TMA) == ablation.hgmma_shapes(ablation.ROWS)
+    assert rows_tma["WAIT"] == rows["WAIT"] and rows["UTMALDG"] == 0
+    assert rows_tma["UTMALDG"] == counts[ablation.TMA]["UTMALDG"]
+    alone = ablation.sass_counts(ablation.ROWS_TMA_NO_MATH)
+    assert alone["HGMMA"] == 0 and alone["UTMALDG"] == rows_tma["UTMALDG"]
+
+
 def test_the_early_scores_build_issues_a_second_copy_of_the_scores_and_waits_per_v_chunk(counts):
     early = ablation.sass_counts(ablation.EARLY_SCORES)
     # the op's 68 products, and the next tile's 36 products of scores issued behind the products of P V
@@ -295,10 +310,11 @@ def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
-@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES])
+@pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES, ablation.ROWS_TMA])
 @pytest.mark.parametrize("splits", [None, 1])
 def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build, splits):
-    w = make_workload(Problem(streams=3, q_len=9, heads=8, prefix=(3000, 2000, 777), page_size=64), device="cuda",
+    heads = 64 if build == ablation.ROWS_TMA else 8  # the rows kernel takes a stream of 64 pairs or more
+    w = make_workload(Problem(streams=3, q_len=9, heads=heads, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
     call = ablation.runner(build, w, num_splits=splits)  # the checks run here, on the good table
     w.block_table[0, 5:9] = 1 << 30  # then four used slots of stream 0 go bad (gathered tiles in a row),
@@ -319,11 +335,12 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     Problem(streams=40, q_len=2, heads=64, prefix=tuple(range(0, 4000, 100)), page_size=64),  # mixed lengths
     Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144 pairs: the op's layout
 ], ids=lambda p: p.label())
-def test_the_rows_build_computes_what_the_op_does_and_replays(problem):
+@pytest.mark.parametrize("build", [ablation.ROWS, ablation.ROWS_TMA])
+def test_the_rows_builds_compute_what_the_op_does_and_replay(problem, build):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=9, poison=True)
-    _right_on_two_grids(ablation.ROWS, w, reference_attention(*w.args(), check=False))
+    _right_on_two_grids(build, w, reference_attention(*w.args(), check=False))
 
 
 @needs_gpu
