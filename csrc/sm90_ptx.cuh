@@ -85,6 +85,22 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// A counter in shared memory that one warp raises and others wait on: the
+// store releases what the writer saw before it (its mbarrier waits), and the
+// load acquires it, at the scope of the block.
+__device__ __forceinline__ void st_release_shared(uint32_t addr, int v) {
+  asm volatile("st.release.cta.shared::cta.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_shared(uint32_t addr) {
+  int v;
+  asm volatile("ld.acquire.cta.shared::cta.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void wait_until_at_least(uint32_t addr, int v) {
+  while (ld_acquire_shared(addr) < v) {
+  }
+}
+
 // Arrive at barrier `id` without waiting: a producer's signal to the threads
 // that wait there with named_barrier (`threads` counts both sides).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {

@@ -170,7 +170,8 @@ constexpr int kOffQRow = kOffL + 2 * 4 * kPairsPerGroup * 4;  // each pair's row
 constexpr int kOffBars = kOffQRow + 2 * kPairsPerGroup * 8;
 constexpr int kOffPlan = kOffBars + 2 * kRing * 8;        // the scheduler's words: warp totals, the share's start
 constexpr int kPlanWords = kThreads / 32 + 2;
-constexpr int kSmemBytes = kOffPlan + kPlanWords * 4 + 1024;  // + slack to align the base
+constexpr int kProgressWords = kUseTma ? 2 : 0;  // after the plan's words: the TMA loader's progress counters
+constexpr int kSmemBytes = kOffPlan + (kPlanWords + kProgressWords) * 4 + 1024;  // + slack to align the base
 // The rows layout: the ring of two tiles, Q (64 pairs x 9 chunks, rows of 128 B),
 // the references after each warpgroup's tile, a flag, the sums, lengths, rows of q.
 // P goes into the RoPE chunk of its own tile, which only the scores read.
@@ -183,7 +184,7 @@ constexpr int kROffVis = kROffL + 2 * kRowsPairs * 4;
 constexpr int kROffQRow = kROffVis + kRowsPairs * 4;
 constexpr int kROffBars = kROffQRow + kRowsPairs * 8;
 constexpr int kROffPlan = kROffBars + 2 * kRowsRing * 8;
-constexpr int kRowsSmemBytes = kROffPlan + kPlanWords * 4 + 1024;
+constexpr int kRowsSmemBytes = kROffPlan + (kPlanWords + kProgressWords) * 4 + 1024;
 static_assert(kRowsSmemBytes <= 232448, "the rows layout must fit a block's shared memory");
 
 // A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
@@ -494,10 +495,12 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
 // loaders-alone section tells how that was found.)
 template <int kSlots>
 __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* smem, uint64_t* full, uint64_t* empty,
-                              const KvTensor& kv) {
+                              const KvTensor& kv, const int* progress) {
   const int tid = threadIdx.x, lane = tid % 32, key_in_tile = tid - 32;  // key_in_tile: a gatherer's key
   const bool issuer = tid < 32;
   const uint32_t ring = smem_addr(smem + kOffRing);
+  // Tiles of the share the issuing warp has passed, and tiles the gatherers have claimed (zero at the start).
+  const uint32_t issued = smem_addr(progress), gathered = issued + 4;
   const int box_keys = kv.box_keys, boxes = kKeysPerTile / box_keys;
   int seq = 0;  // the tile's first chunk, in the order of all chunks of the share
   int u, t0, t1;
@@ -507,6 +510,7 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
     const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
     for (int tile = t0; tile < t1; ++tile, seq += kChunks) {
       const int key0 = tile * kKeysPerTile;
+      const int k = seq / kChunks;  // the tile's place in the share
       if (issuer) {
         // Lane i < boxes holds the page of box i; lane 0 gets all of them (a box past 1 only with pages < 64 keys).
         const int box_key = key0 + lane * box_keys;
@@ -515,10 +519,7 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
                            __all_sync(0xffffffffu, lane >= boxes || (page >= 0 && page < p.num_pages));
         const int page1 = __shfl_sync(0xffffffffu, page, 1), page2 = __shfl_sync(0xffffffffu, page, 2),
                   page3 = __shfl_sync(0xffffffffu, page, 3);
-        if (!whole && lane == 0) {  // the gatherers fill this one; stay within a ring (see below)
-          const int last = seq + kChunks - 1;
-          if (last >= kSlots) mbar_wait(&empty[last % kSlots], ((last / kSlots) - 1) & 1);
-        }
+        if (!whole && lane == 0) wait_until_at_least(gathered, k + 1);  // the gatherers fill it (see below)
         if (whole && lane == 0) {
           const int in_page = key0 % p.page_size;  // 0 where a page holds fewer keys than a tile
           for (int j = 0; j < kChunks; ++j) {
@@ -535,6 +536,7 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
             }
           }
         }
+        if (lane == 0) st_release_shared(issued, k + 1);
         __syncwarp();
         continue;
       }
@@ -543,17 +545,16 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
       const int pg = key < kv_len ? table[key / p.page_size] : -1;
       const bool poisoned = key < kv_len && (pg < 0 || pg >= p.num_pages);
       const bool bad_tile = named_barrier_or(kBarGather, 64, poisoned);
-      if (key0 + kKeysPerTile <= kv_len && !bad_tile) {  // warp 0 asks for this one
-        // Stay within a ring of the compute warpgroups: the gatherers skip whole
-        // tiles (and the issuer gathered ones), and a parity wait on a slot's empty
-        // barrier more than one phase ahead would pass at once, half the time (in
-        // development that overwrote slots in use and broke the kernel).  Waiting
-        // here for this tile's last slot, as the warp that fills it does, keeps the
-        // next tile's waits unambiguous (models.tma_gather_schedule plays it on the CPU).
-        const int last = seq + kChunks - 1;
-        if (key_in_tile == 0 && last >= kSlots) mbar_wait(&empty[last % kSlots], ((last / kSlots) - 1) & 1);
-        continue;
-      }
+      if (key0 + kKeysPerTile <= kv_len && !bad_tile) continue;  // warp 0 asks for this one
+      // Each kind of loader warp skips the tiles the other fills, and a parity wait
+      // on a slot's empty barrier is right only within one phase of the barrier:
+      // two phases behind it passes at once (a slot in use overwritten), two ahead
+      // it waits for a phase that may never come (a hang).  So neither kind runs
+      // past a tile the other fills until the other has claimed that tile's slots:
+      // the gatherers wait here until warp 0 has passed every tile before this one,
+      // and warp 0 waits at this tile until the gatherers have claimed it.  Every
+      // slot wait below is then within one phase (models.tma_gather_schedule).
+      wait_until_at_least(issued, k);
       const bf16* row = pg < 0 || poisoned ? p.kv
                                            : p.kv + (int64_t)pg * p.kv_stride_page + (int64_t)(key % p.page_size) * p.kv_stride_slot;
       for (int j = 0; j < kChunks; ++j) {
@@ -578,6 +579,7 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
         named_barrier(kBarGather, 64);  // every copy tracked before the one arrival the barrier expects
         if (key_in_tile == 0) mbar_arrive(&full[slot]);
       }
+      if (key_in_tile == 0) st_release_shared(gathered, k + 1);  // after all 64 passed their slot waits
     }
   }
   if (!issuer) cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
@@ -1421,6 +1423,10 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
       mbar_init(&full[s], tma ? 1 : 128);
       mbar_init(&empty[s], 8);    // every compute warp arrives once its wgmmas are done
     }
+    if (tma) {  // the TMA loader's progress counters
+      int* progress = reinterpret_cast<int*>(smem + (kRows ? kROffPlan : kOffPlan)) + kPlanWords;
+      progress[0] = progress[1] = 0;
+    }
     if (tma) fence_proxy_async();  // the barriers' initial state, visible to the bulk copies that complete on them
   }
   // Launched early behind the stream's previous kernel, which may still be
@@ -1440,7 +1446,8 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
     else if (kTmaFirst && threadIdx.x < 32)
       load_keys_tma_first<kSlots>(p, cur, smem, full, empty, kv);
     else if (!kTmaFirst && threadIdx.x < 96)  // warp 0 issues, warps 1 and 2 gather
-      load_keys_tma<kSlots>(p, cur, smem, full, empty, kv);
+      load_keys_tma<kSlots>(p, cur, smem, full, empty, kv,
+                            reinterpret_cast<const int*>(smem + (kRows ? kROffPlan : kOffPlan)) + kPlanWords);
   } else {
     claim_registers<kComputeRegs>();
     if (kRows)

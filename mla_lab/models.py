@@ -749,32 +749,45 @@ def rows_ring_schedule(pieces, ring: int = ROWS_RING_CHUNKS, chunks: int = 9) ->
 # ---- the TMA build's loader (chapter 10's build "tma"): its protocol on the CPU ----
 
 
+TMA_LOADER_PROTOCOLS = ("progress", "skip_wait", "none")
+
+
 def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: int = 9,
-                        skip_wait: bool = True) -> dict:
+                        protocol: str = "progress", lagging: str | None = None) -> dict:
     """Run the fixed TMA loader's two kinds of loader warp and the consumers against a ring of ``ring`` slots.
 
     ``tiles`` is a block's walk, a bool per tile: whole (asked for by the
     issuing warp, by TMA) or not (a stream's last tile, or one with a page
     outside the pool: gathered by two other warps).  Both kinds of warp walk
-    every tile, and each claims a chunk's slot by waiting on the slot's
-    *empty* mbarrier.  Such a wait names only the parity of the phase it waits
-    for: it passes when the barrier's completed phases differ in parity from
-    the one asked for, so a wait for a phase two or more ahead may pass at
-    once.  The consumers take the chunks in order and hand each back (one
-    phase of its slot's barrier).  With ``skip_wait`` each kind of warp, at a
-    tile the other fills, waits for that tile's last slot (``load_keys_tma``);
-    without it neither does.
+    every tile, and the one that fills a tile claims each chunk's slot by
+    waiting on the slot's *empty* mbarrier.  Such a wait names only the parity
+    of the phase it waits for: it passes when the barrier's completed phases
+    differ in parity from the one asked for, so a wait two phases behind the
+    barrier passes at once, and one two phases ahead waits for a phase that
+    needs the waiter itself.  The consumers take the chunks in order and hand
+    each back (one phase of its slot's barrier).
 
-    Every actor goes as far as it can, in turn, the loaders before the
-    consumers (on the GPU a skipped tile costs a warp next to nothing).
-    Returns ``done`` (every chunk consumed), ``overwrites`` (chunks written
-    into a slot whose previous chunk had not been handed back) and
-    ``consumed``.  The programs are written from ``load_keys_tma`` by hand.
+    ``protocol`` is how each kind of warp keeps to the other at the tiles it
+    skips: ``"progress"`` (``load_keys_tma``): each raises a counter as it
+    passes a tile; the gatherers start a tile only once the issuer has passed
+    every tile before it, and the issuer passes a gathered tile only once the
+    gatherers have claimed it; ``"skip_wait"`` (the loader before): at a tile
+    the other fills, a warp waits for that tile's last slot; ``"none"``.
+
+    ``lagging`` (``"issuer"`` or ``"gatherer"``) makes that warp move only when
+    no other actor can, as a warp that falls behind; by default the loaders
+    move before the consumers.  Returns ``done`` (every chunk consumed),
+    ``overwrites`` (chunks written into a slot whose previous chunk had not
+    been handed back), ``consumed`` and ``stuck`` (no actor can move and work
+    is left: a hang).  The programs are written from ``load_keys_tma`` by hand.
     """
+    if protocol not in TMA_LOADER_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {TMA_LOADER_PROTOCOLS}, got {protocol!r}")
     total = len(tiles) * chunks
     phases = [0] * ring            # completed phases of each slot's empty barrier (hand-backs)
     holds = [None] * ring          # the chunk a slot holds
     overwrites: list[int] = []
+    counter = {"issuer": 0, "gatherer": 0}
 
     def slot_free(seq) -> bool:    # mbarrier.try_wait.parity for the phase that frees chunk seq's slot
         if seq < ring:
@@ -785,10 +798,17 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
     for t, whole in enumerate(tiles):
         seq0 = t * chunks
         filler, skipper = ("issuer", "gatherer") if whole else ("gatherer", "issuer")
+        if protocol == "progress" and not whole:
+            progs["gatherer"].append(("after", "issuer", t))      # every tile before this one passed
+            progs["issuer"].append(("after", "gatherer", t + 1))  # this one claimed
         for j in range(chunks):
             progs[filler] += [("wait", seq0 + j), ("fill", seq0 + j)]
-        if skip_wait:
+        if protocol == "skip_wait":
             progs[skipper].append(("wait", seq0 + chunks - 1))
+        if protocol == "progress":
+            progs[filler].append(("count", t + 1))
+            if not whole:
+                progs["issuer"].append(("count", t + 1))
     pc = {"issuer": 0, "gatherer": 0}
     consumed = 0
 
@@ -803,20 +823,33 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
             return True
         if pc[who] >= len(progs[who]):
             return False
-        op, seq = progs[who][pc[who]]
-        if op == "wait" and not slot_free(seq):
+        op = progs[who][pc[who]]
+        if op[0] == "wait" and not slot_free(op[1]):
             return False
-        if op == "fill":
+        if op[0] == "after" and counter[op[1]] < op[2]:
+            return False
+        if op[0] == "count":
+            counter[who] = op[1]
+        if op[0] == "fill":
+            seq = op[1]
             if seq >= ring and phases[seq % ring] < seq // ring:
                 overwrites.append(seq)
             holds[seq % ring] = seq
         pc[who] += 1
         return True
 
+    actors = ["issuer", "gatherer", "consumer"]
+    if lagging is not None:
+        if lagging not in ("issuer", "gatherer"):
+            raise ValueError(f"lagging must be 'issuer', 'gatherer' or None, got {lagging!r}")
+        actors = [a for a in actors if a != lagging]
     moved = True
     while moved and not overwrites:
         moved = False
-        for who in ("issuer", "gatherer", "consumer"):
+        for who in actors:
             while not overwrites and step(who):
                 moved = True
-    return {"done": consumed == total and not overwrites, "overwrites": overwrites, "consumed": consumed}
+        if not moved and lagging is not None and not overwrites and step(lagging):
+            moved = True  # the lagging warp takes one step only when nothing else can move
+    done = consumed == total and not overwrites
+    return {"done": done, "overwrites": overwrites, "consumed": consumed, "stuck": not done and not overwrites}
