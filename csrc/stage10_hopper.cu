@@ -270,8 +270,18 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 }
 
 // How many blocks get a share of W tiles: every group cut at the same keys.
-__device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W) {
+// Where every unit has the same tiles and a share is short, a block that
+// straddles two units pays a second unit's start (its Q, its output) on the
+// call's critical path; a count of blocks that is a multiple of the units cuts
+// each unit into the same number of whole pieces, so no share straddles, and
+// it is taken if it keeps at least 7/8 of the blocks.
+constexpr int kAlignedShareTiles = 8;  // "short": at most this many tiles per block on average
+__device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W, bool same_tiles) {
   const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
+  if (same_tiles && sh.units <= most && W <= kAlignedShareTiles * most) {
+    const int aligned = most - most % sh.units;
+    if (8 * aligned >= 7 * most) return aligned;
+  }
   return most >= sh.groups ? most - most % sh.groups : most;
 }
 
@@ -335,11 +345,20 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int per_thread = (sh.units + kThreads - 1) / kThreads;
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
+  // The units of one stream (its pair groups) have the same tiles; of several, only if the streams do.
+  const bool one_stream = p.batch == 1;
+  const int tiles0 = one_stream ? 0 : unit_tiles(p, 0);
   int mine = 0;
-  for (int u = u0; u < u1; ++u) mine += unit_tiles(p, u);
+  bool same = true;  // every unit of my run has as many tiles as unit 0
+  for (int u = u0; u < u1; ++u) {
+    const int n = unit_tiles(p, u);
+    mine += n;
+    same = same && n == tiles0;
+  }
+  const bool same_tiles = one_stream || __syncthreads_and(same) != 0;  // (one_stream is the same in every thread)
   int W;
   const int first = block_exclusive_sum(mine, words, W);  // my run's first tile
-  C = blocks_with_share(p, sh, W);
+  C = blocks_with_share(p, sh, W, same_tiles);
   cur.x = share_start(cta, W, C);
   cur.end = share_start(cta + 1, W, C);
   if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first tile

@@ -429,14 +429,26 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
             offsets.append(run)
             run += n
     offsets.append(run)
-    blocks = hopper_blocks(run, groups, max_blocks)
+    blocks = hopper_blocks(run, groups, max_blocks, units=groups * len(lens), same_tiles=len(set(tiles)) <= 1)
     return HopperPlan(groups, per_group, tuple(offsets), blocks, len(lens))
 
 
-def hopper_blocks(total_tiles: int, groups: int, max_blocks: int) -> int:
+def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | None = None,
+                  same_tiles: bool = False) -> int:
     """How many blocks get a share: at least HOPPER_MIN_TILES_PER_BLOCK tiles each, a multiple of the groups
-    when there are at least as many as groups (so every group's tiles are cut at the same keys)."""
+    when there are at least as many as groups (so every group's tiles are cut at the same keys).
+
+    Where all ``units`` have the same tiles (``same_tiles``) and a share is short
+    (at most HOPPER_ALIGNED_SHARE_TILES tiles per block on average), a multiple of
+    the units instead, if that keeps at least 7/8 of the blocks: every unit is then
+    cut into the same number of whole pieces, and no block's share straddles two
+    units (a second unit's start on the call's critical path).
+    """
     blocks = 0 if total_tiles == 0 else min(max_blocks, -(-total_tiles // _stages.HOPPER_MIN_TILES_PER_BLOCK))
+    if same_tiles and units and units <= blocks and total_tiles <= _stages.HOPPER_ALIGNED_SHARE_TILES * blocks:
+        aligned = blocks - blocks % units
+        if 8 * aligned >= 7 * blocks:
+            return aligned
     return blocks - blocks % groups if blocks >= groups else blocks
 
 

@@ -165,6 +165,7 @@ HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
 HOPPER_COMBINE_THREADS = 256
 HOPPER_MIN_TILES_PER_BLOCK = 1
+HOPPER_ALIGNED_SHARE_TILES = 8  # below this many tiles per block, equal units are cut at whole pieces (kAlignedShareTiles)
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring
                      + 2 * (D_QK // 64) * HOPPER_PAIRS_PER_GROUP * 128          # Q^T, per warpgroup
                      + 2 * HOPPER_PAIRS_PER_GROUP * 128                         # P^T, per warpgroup

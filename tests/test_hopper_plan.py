@@ -40,7 +40,10 @@ def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
     sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
     assert max(sizes) - min(sizes) <= 1
     most = min(C, -(-plan.total_tiles // stages.HOPPER_MIN_TILES_PER_BLOCK))
-    if most >= groups:  # the largest multiple of the groups that fits
+    units = groups * B
+    if plan.blocks % units == 0 and plan.blocks <= most - groups:  # cut at whole units (test_equal_short_units_...)
+        assert len(set(tiles)) == 1 and 8 * plan.blocks >= 7 * most
+    elif most >= groups:  # the largest multiple of the groups that fits
         assert plan.blocks % groups == 0 and most - groups < plan.blocks <= most
     else:
         assert plan.blocks == most
@@ -83,6 +86,45 @@ def test_every_group_is_cut_at_the_same_keys(lens, T, H, C):
     assert all(cut == cuts[0] for cut in cuts)
     # and a block's share lies inside one group
     assert all(plan.group_of(u) == c // k for c in range(plan.blocks) for u, _, _ in plan.share(c))
+
+
+@pytest.mark.parametrize("lens, T, H, C, blocks", [
+    ([1033] * 8, 16, 8, 132, 128),     # 16 units of 17 tiles: 8 pieces each (132 would straddle)
+    ([1033] * 8, 9, 8, 132, 128),      # 8 units of 17 tiles
+    ([4105] * 8, 16, 8, 132, 128),     # 16 units of 65 tiles: 8.1 a block, still short
+    ([1033] * 16, 1, 128, 132, 128),   # 32 units (2 groups of 16 streams)
+    ([2057] * 7, 9, 8, 132, 126),      # 7 units of 33 tiles: 126 keeps more than 7/8 of 132
+])
+def test_equal_short_units_are_cut_into_whole_pieces(lens, T, H, C, blocks):
+    """Equal streams and short shares: a multiple of the units, so no share straddles two units."""
+    plan = hopper_plan(lens, T, H, C)
+    assert plan.blocks == blocks
+    assert all(len(plan.share(c)) == 1 for c in range(plan.blocks))
+    per_unit = blocks // (plan.groups * len(lens))
+    assert all(c1 - c0 + 1 == per_unit for _, c0, c1 in plan.cut_units())
+
+
+@pytest.mark.parametrize("lens, T, H, C, blocks", [
+    ([1033] * 7 + [1000], 16, 8, 132, 132),  # one stream shorter by a tile: no alignment, a multiple of the 2 groups
+    ([16393] * 8, 16, 8, 132, 132),          # 16 units of 257 tiles: 31 a block, long shares
+    ([1033] * 33, 1, 8, 132, 132),           # 33 units: 99 blocks would drop a quarter
+    ([4105] * 6, 9, 8, 132, 132),            # 6 units of 65 tiles: 132 is already a multiple
+])
+def test_other_batches_keep_the_groups_rule(lens, T, H, C, blocks):
+    assert hopper_plan(lens, T, H, C).blocks == blocks
+
+
+def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
+    """blocks_with_share in the source holds the rule the CPU model states (constants and comparisons)."""
+    import pathlib
+    import re
+    src = (pathlib.Path(__file__).resolve().parents[1] / "csrc" / "stage10_hopper.cu").read_text()
+    assert re.search(rf"constexpr int kAlignedShareTiles = {stages.HOPPER_ALIGNED_SHARE_TILES};", src)
+    body = src[src.index("int blocks_with_share("):]
+    body = body[:body.index("\n}\n")]
+    assert re.search(r"if \(same_tiles && sh\.units <= most && W <= kAlignedShareTiles \* most\)", body)
+    assert re.search(r"const int aligned = most - most % sh\.units;\s*if \(8 \* aligned >= 7 \* most\) return aligned;", body)
+    assert re.search(r"const bool same_tiles = one_stream \|\| __syncthreads_and\(same\) != 0;", src)
 
 
 def test_invalid_streams_get_no_tiles():
