@@ -1510,28 +1510,43 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // A unit cut into many pieces (one stream at 8 heads: a piece per block of
 // the grid, up to 256) is merged in four slices of 128 dims, which puts four
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
-// a few pieces are merged whole, so that the grid stays small.  (Choosing on
-// the GPU, from each unit's pieces, was tried: a unit of 16 to 18 pieces merged
-// whole by one block per pair was then the slowest part of the merge, 2 us
-// more at one stream of 1024 keys and 3 at a batch of mixed lengths, in the
-// same run.)
+// a few pieces are merged whole, so that the grid stays small.  The host sizes
+// the grid (combine_slices) and each cut unit chooses in the kernel, from its
+// pieces: a batch of one long stream among short ones slices the long one's
+// unit and merges the others whole.  Where only one or two units are cut, the
+// grid is small however they are merged, and they are sliced: a unit of 16 to
+// 18 pieces merged whole by one block per pair was the slowest part of the
+// merge at one stream of 1024 keys.  Four slices of 8 units of 16 or 17 pieces
+// (8 streams of 1024 keys at 8 heads) made a grid of 2560 blocks, 5 to 7 us
+// slower on the H200 than merging whole pairs in 640; the block table's width
+// bounds a unit's pieces, which is how the host sees that case.
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
 
-__host__ __device__ constexpr int combine_slices(int num_splits, int units) {
-  return num_splits >= 16 * units ? kManySlices : 1;  // many pieces per cut unit: slice the dims
+constexpr int kSlicedPieces = 32;  // a unit cut into at least this many pieces is merged in slices
+
+// The host's choice of grid: four blocks per pair where few units share it and
+// a unit can be cut into many pieces (the block table's width bounds a unit's
+// tiles, and so its pieces); the kernel then slices only the units that are.
+__host__ __device__ constexpr int combine_slices(int num_splits, int units, int64_t unit_tiles_bound) {
+  return num_splits >= 16 * units && (units <= 2 || unit_tiles_bound >= kSlicedPieces) ? kManySlices : 1;
 }
 
+// A cut unit as the plan lists it, read once by the whole combine block.
+struct CutUnit {
+  int W, C;        // the plan's tiles and blocks
+  int u, c0;       // the unit and the first block of its pieces
+  int pieces;
+};
+
 template <int kSlices>
-__device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int slice, int k) {
+__device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int slice, const CutUnit& cu) {
   constexpr int kCols = kDimV / kSlices / 4;          // float4 columns of a slice: 32 or 128
   constexpr int kRows = kCombineThreads / kCols;      // pieces added side by side: 8 or 2
   const int tid = threadIdx.x;
   const Shape sh = shape_of(p);
-  const int W = p.plan[0], C = p.plan[1];
+  const int W = cu.W, C = cu.C, u = cu.u, c0 = cu.c0, pieces = cu.pieces;
   const int* off = p.plan + kPlanHeader;
-  const int* cut = off + sh.units + 1 + 3 * k;
-  const int u = cut[0], c0 = cut[1], pieces = cut[2] - cut[1] + 1;
   const int b = u % p.batch, grp = u / p.batch;
   const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
   const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
@@ -1604,11 +1619,17 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   wait_for_previous_grid();
   if (kCallPart == 1) return;
   const int k = blockIdx.y;  // cut unit
-  if (k >= p.plan[2]) return;
-  if (gridDim.x == kPairsPerBlock)
-    combine_slice<1>(p, blockIdx.x, 0, k);
-  else
-    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, k);
+  const int n_cut = p.plan[2];
+  if (k >= n_cut) return;  // (the words past the cut list were not written by this call)
+  const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
+  const CutUnit cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
+  if (gridDim.x == kPairsPerBlock) {
+    combine_slice<1>(p, blockIdx.x, 0, cu);
+  } else if (cu.pieces >= kSlicedPieces || n_cut <= 2) {  // many pieces, or a grid too small to fill the GPU
+    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
+  } else if (blockIdx.x % kManySlices == 0) {  // few pieces: one block merges the whole pair, the other three leave
+    combine_slice<1>(p, blockIdx.x / kManySlices, 0, cu);
+  }
 #else
   __trap();
 #endif
@@ -1643,7 +1664,8 @@ LaunchGeometry main_geometry(const MlaParams& p) {
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
   const int units = shape_of(p).units;
-  return {dim3(kPairsPerBlock * combine_slices(p.num_splits, units), std::min(p.num_splits, units)),
+  const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
+  return {dim3(kPairsPerBlock * combine_slices(p.num_splits, units, unit_tiles_bound), std::min(p.num_splits, units)),
           dim3(kCombineThreads), 0};
 }
 

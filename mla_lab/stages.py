@@ -128,9 +128,10 @@ class Stage:
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
             main, combine = HOPPER_KERNELS
+            units = streams * hopper_groups(q_len, heads)
+            slices = hopper_combine_slices(splits, units, -(-max_pages * page_size // HOPPER_KEYS_PER_TILE))
             return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
-                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK * hopper_combine_slices(splits, streams * hopper_groups(q_len, heads)),
-                                     min(splits, streams * hopper_groups(q_len, heads)), 1),
+                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
                            (HOPPER_COMBINE_THREADS, 1, 1), 0)]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
@@ -147,9 +148,14 @@ COMBINE_THREADS = 128
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
 # softmax exchange words; 30 mbarriers; the scheduler's words (a prefix sum's warp
 # totals, the share's first unit); 1 KB to align the base to 1024 bytes.
-def hopper_combine_slices(splits: int, units: int) -> int:
-    """Blocks per merged pair in stage 10's combine: four slices of 128 dims when units are cut into many pieces."""
-    return 4 if splits >= 16 * units else 1
+HOPPER_SLICED_PIECES = 32  # stage 10's combine slices a unit cut into at least this many pieces (kSlicedPieces)
+
+
+def hopper_combine_slices(splits: int, units: int, unit_tiles_bound: int) -> int:
+    """Blocks per merged pair in stage 10's combine grid: four (slices of 128 dims) where few units share the grid
+    and a unit can be cut into many pieces (``unit_tiles_bound``: the block table's tokens in 64-key tiles); the
+    kernel then slices only the units cut into at least HOPPER_SLICED_PIECES pieces (or all, with two cut or fewer)."""
+    return 4 if splits >= 16 * units and (units <= 2 or unit_tiles_bound >= HOPPER_SLICED_PIECES) else 1
 
 
 def hopper_groups(q_len: int, heads: int) -> int:
