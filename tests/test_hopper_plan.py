@@ -1,13 +1,19 @@
 """Stage 10's scheduler, on the CPU: how the key tiles of all streams are shared among the blocks (and the rows build's ring)."""
 
 import random
+import re
 
 import pytest
 
 from mla_lab import stages
+from mla_lab.extension import CSRC
 from mla_lab.models import ROWS_RING_CHUNKS, hopper_plan, rows_ring_schedule, tma_gather_schedule
 
 K = stages.HOPPER_KEYS_PER_TILE
+
+
+def stage10_source() -> str:
+    return (CSRC / "stage10_hopper.cu").read_text()
 
 
 def covered(plan):
@@ -116,9 +122,7 @@ def test_other_batches_keep_the_groups_rule(lens, T, H, C, blocks):
 
 def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
     """blocks_with_share in the source holds the rule the CPU model states (constants and comparisons)."""
-    import pathlib
-    import re
-    src = (pathlib.Path(__file__).resolve().parents[1] / "csrc" / "stage10_hopper.cu").read_text()
+    src = stage10_source()
     assert re.search(rf"constexpr int kAlignedShareTiles = {stages.HOPPER_ALIGNED_SHARE_TILES};", src)
     body = src[src.index("int blocks_with_share("):]
     body = body[:body.index("\n}\n")]
@@ -149,11 +153,7 @@ def test_random_batches():
 
 
 def test_the_rows_ring_model_holds_the_kernels_ring():
-    import re
-
-    from mla_lab.extension import CSRC
-
-    src = (CSRC / "stage10_hopper.cu").read_text()
+    src = stage10_source()
     assert re.search(r"constexpr int kRowsRing = 2 \* kChunks;", src) and ROWS_RING_CHUNKS == 2 * 9
 
 
@@ -221,11 +221,7 @@ def test_waiting_for_a_skipped_tiles_last_slot_hangs_when_a_loader_warp_falls_be
 
 
 def test_the_tma_loader_model_holds_the_kernels_progress_counters():
-    import re
-
-    from mla_lab.extension import CSRC
-
-    src = (CSRC / "stage10_hopper.cu").read_text()
+    src = stage10_source()
     body = src[src.index("__device__ void load_keys_tma("):src.index("__device__ void load_keys_tma_first(")]
     # the issuer: at a gathered tile, wait until the gatherers have claimed it; after every tile, raise its count
     assert re.search(r"if \(!whole && lane == 0\) wait_until_at_least\(gathered, k \+ 1\);", body)
@@ -247,11 +243,7 @@ def test_with_fewer_fences_every_chunk_written_by_a_generic_store_is_still_fence
     so the only chunks left to the compute warps' fence are those of a tile that is not whole, which the
     compute warps' condition covers.
     """
-    import re
-
-    from mla_lab.extension import CSRC
-
-    src = (CSRC / "stage10_hopper.cu").read_text()
+    src = stage10_source()
     loader = src[src.index("__device__ void load_keys_tma("):src.index("__device__ void load_keys_tma_first(")]
     assert "const bool whole = key0 + kKeysPerTile <= kv_len &&" in loader
     assert "if (key0 + kKeysPerTile <= kv_len && !bad_tile) continue;  // warp 0 asks for this one" in loader
@@ -264,9 +256,7 @@ def test_with_fewer_fences_every_chunk_written_by_a_generic_store_is_still_fence
 
 def test_the_combine_grid_rule_matches_the_kernel():
     """The host's grid of the merge (four blocks a pair or one) as stages.launches states it and as the source does."""
-    import pathlib
-    import re
-    src = (pathlib.Path(__file__).resolve().parents[1] / "csrc" / "stage10_hopper.cu").read_text()
+    src = stage10_source()
     assert re.search(rf"constexpr int kSlicedPieces = {stages.HOPPER_SLICED_PIECES};", src)
     assert re.search(r"return num_splits >= 16 \* units && \(units <= 2 \|\| unit_tiles_bound >= kSlicedPieces\) "
                      r"\? kManySlices : 1;", src)
