@@ -1510,24 +1510,21 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // A unit cut into many pieces (one stream at 8 heads: a piece per block of
 // the grid, up to 256) is merged in four slices of 128 dims, which puts four
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
-// a few pieces are merged whole, so that the grid stays small.  The host sizes
-// the grid (combine_slices) and each cut unit chooses in the kernel, from its
-// pieces: a batch of one long stream among short ones slices the long one's
-// unit and merges the others whole.  Where only one or two units are cut, the
-// grid is small however they are merged, and they are sliced: a unit of 16 to
-// 18 pieces merged whole by one block per pair was the slowest part of the
-// merge at one stream of 1024 keys.  Four slices of 8 units of 16 or 17 pieces
-// (8 streams of 1024 keys at 8 heads) made a grid of 2560 blocks, 5 to 7 us
-// slower on the H200 than merging whole pairs in 640; the block table's width
-// bounds a unit's pieces, which is how the host sees that case.
+// a few pieces are merged whole, so that the grid stays small.  Only the host
+// chooses (combine_slices), before the pieces are known: four slices of 8 units
+// of 16 or 17 pieces (8 streams of 1024 keys at 8 heads) made a grid of 2560
+// blocks, 5 to 7 us slower on the H200 than merging whole pairs in 640, and the
+// block table's width bounds a unit's pieces, which is how the host sees that
+// case.  (Choosing again in the kernel, per cut unit, was tried: a branch that a
+// call with nothing cut never took still cost one-stream calls 1 to 3 us.)
 constexpr int kCombineThreads = 256;
 constexpr int kManySlices = 4;
 
-constexpr int kSlicedPieces = 32;  // a unit cut into at least this many pieces is merged in slices
+constexpr int kSlicedPieces = 32;  // a unit that can be cut into this many pieces gets a grid of slices
 
 // The host's choice of grid: four blocks per pair where few units share it and
 // a unit can be cut into many pieces (the block table's width bounds a unit's
-// tiles, and so its pieces); the kernel then slices only the units that are.
+// tiles, and so its pieces), or where at most two units share it.
 __host__ __device__ constexpr int combine_slices(int num_splits, int units, int64_t unit_tiles_bound) {
   return num_splits >= 16 * units && (units <= 2 || unit_tiles_bound >= kSlicedPieces) ? kManySlices : 1;
 }
@@ -1623,13 +1620,10 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   if (k >= n_cut) return;  // (the words past the cut list were not written by this call)
   const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
   const CutUnit cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
-  if (gridDim.x == kPairsPerBlock) {
+  if (gridDim.x == kPairsPerBlock)
     combine_slice<1>(p, blockIdx.x, 0, cu);
-  } else if (cu.pieces >= kSlicedPieces || n_cut <= 2) {  // many pieces, or a grid too small to fill the GPU
+  else
     combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
-  } else if (blockIdx.x % kManySlices == 0) {  // few pieces: one block merges the whole pair, the other three leave
-    combine_slice<1>(p, blockIdx.x / kManySlices, 0, cu);
-  }
 #else
   __trap();
 #endif

@@ -148,13 +148,13 @@ COMBINE_THREADS = 128
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
 # softmax exchange words; 30 mbarriers; the scheduler's words (a prefix sum's warp
 # totals, the share's first unit); 1 KB to align the base to 1024 bytes.
-HOPPER_SLICED_PIECES = 32  # stage 10's combine slices a unit cut into at least this many pieces (kSlicedPieces)
+HOPPER_SLICED_PIECES = 32  # stage 10's combine is sliced where a unit can be cut into this many pieces (kSlicedPieces)
 
 
 def hopper_combine_slices(splits: int, units: int, unit_tiles_bound: int) -> int:
     """Blocks per merged pair in stage 10's combine grid: four (slices of 128 dims) where few units share the grid
-    and a unit can be cut into many pieces (``unit_tiles_bound``: the block table's tokens in 64-key tiles); the
-    kernel then slices only the units cut into at least HOPPER_SLICED_PIECES pieces (or all, with two cut or fewer)."""
+    and a unit can be cut into HOPPER_SLICED_PIECES pieces or more (``unit_tiles_bound``: the block table's tokens
+    in 64-key tiles), or where at most two units share it; else one."""
     return 4 if splits >= 16 * units and (units <= 2 or unit_tiles_bound >= HOPPER_SLICED_PIECES) else 1
 
 

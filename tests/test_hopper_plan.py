@@ -260,11 +260,10 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert re.search(rf"constexpr int kSlicedPieces = {stages.HOPPER_SLICED_PIECES};", src)
     assert re.search(r"return num_splits >= 16 \* units && \(units <= 2 \|\| unit_tiles_bound >= kSlicedPieces\) "
                      r"\? kManySlices : 1;", src)
-    assert re.search(r"else if \(cu\.pieces >= kSlicedPieces \|\| n_cut <= 2\)", src)
     s = stages.hopper_combine_slices
     assert s(132, 1, 2) == 4            # one stream: a grid of one row is sliced whatever its pieces
     assert s(132, 8, 18) == 1           # 8 streams of 1024 keys: at most 18 pieces a unit, merged whole
-    assert s(132, 8, 1025) == 4         # a table wide enough for a unit of many pieces: the kernel chooses
+    assert s(132, 8, 1025) == 4         # a table wide enough for a unit of many pieces: sliced
     assert s(132, 9, 1025) == 1         # more units than 132 / 16: one block a pair
     hop = stages.get("hopper")
     (_, comb) = hop.launches(8, 9, 8, 18, 64, 132)
