@@ -188,6 +188,13 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// Four such matrices, stored transposed: lane j names where row j%8 of matrix j/8 goes.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Four 8x8 bf16 matrices held as mma fragments (lane l: row l/4, columns
 // 2(l%4), +1), stored as they are: lane j names where row j%8 of matrix j/8 goes.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {

@@ -143,6 +143,15 @@ __device__ float tile_stamps[2][kStampTiles][kStampEvents];
 #endif
 constexpr bool kEarlyScores = MLA_HOPPER_EARLY_SCORES != 0;
 
+// The output as first written, for chapter 10 (mla_lab/ablation.py builds it as
+// "direct_out"; the op is always built with 0).  With MLA_HOPPER_DIRECT_OUT = 1,
+// a whole unit's bf16 rows are stored straight from the fragments, as they were
+// before they went through shared memory; the rest of the kernel is the same.
+#ifndef MLA_HOPPER_DIRECT_OUT
+#define MLA_HOPPER_DIRECT_OUT 0
+#endif
+constexpr bool kDirectOut = MLA_HOPPER_DIRECT_OUT != 0;
+
 // The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
 // the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream has
 // at least 64 pairs and they fill their tiles (an eighth of padding at most),
@@ -159,6 +168,11 @@ constexpr int kRowsRing = 2 * kChunks;          // two whole tiles: one scored b
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
 constexpr int kPBytes = kPairsPerGroup * 128;            // one warpgroup's P^T: 5120
+// A whole unit's output leaves through its warpgroup's Q^T region: a row of 512
+// bf16 per pair, padded by 16 bytes so that the eight rows a stmatrix block
+// writes fall in different banks.
+constexpr int kStageRowBytes = kDimV * 2 + 16;
+static_assert(kPairsPerGroup * kStageRowBytes <= kQBytes, "a warpgroup's output rows must fit its Q^T region");
 constexpr int kOffRing = 0;
 constexpr int kOffQ = kOffRing + kRing * kChunkBytes;
 constexpr int kOffP = kOffQ + 2 * kQBytes;
@@ -320,6 +334,7 @@ struct Cursor {
   int x, end;    // next tile, end of the share (in the order of all tiles)
   int unit;      // unit of tile x
   int start;     // its first tile
+  int tiles;     // after next(): all the tiles of the unit it returned
   __device__ bool next(const MlaParams& p, int& u, int& t0, int& t1) {
     if (x >= end) return false;
     int n = __shfl_sync(0xffffffffu, unit_tiles(p, unit), 0);
@@ -328,6 +343,7 @@ struct Cursor {
       n = __shfl_sync(0xffffffffu, unit_tiles(p, ++unit), 0);
     }
     u = unit;
+    tiles = n;
     t0 = x - start;
     t1 = min(end, start + n) - start;
     x = start + t1;
@@ -1043,39 +1059,88 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
     named_barrier(bar_id, 128);
     const float* l_all = l_s - warp * kPairsPerGroup;
 
-    // 6. Write the unit: whole -> out and lse; cut -> this block's partial slot.
-    const bool whole = t0 == 0 && t1 == unit_tiles(p, u);
+    // 6. Write the unit: whole -> out (bf16) and lse; cut -> this block's partial slot (fp32).
+    // Code that runs once per unit is slow to fetch and runs at a fraction of the
+    // rate of a loop that repeats, so each pair's 1 / sum and lse come from one
+    // thread a pair, through shared memory (col_max, free until the next unit's
+    // first softmax), not from each thread for each of its ten columns.
+    const bool whole = t0 == 0 && t1 == cur.tiles;
     const int slot = u == first_share_unit ? 0 : 1;  // a share cuts at most its first and its last unit
     const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock + group * kPairsPerGroup;
+    float* inv_s = col_max;
+    if (tid < n_pairs) {
+      const int n = tid;
+      const float l = (l_all[n] + l_all[kPairsPerGroup + n]) + (l_all[2 * kPairsPerGroup + n] + l_all[3 * kPairsPerGroup + n]);
+      inv_s[n] = whole || l != 0.f ? 1.f / l : 0.f;  // 0: a piece no key is visible to (it writes zeros)
+      const float lse_nat = (m_cur[n] + log2f(l)) * 0.6931471805599453f;
+      const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
+      if (whole)
+        *lse_at(p, b, t, h) = lse_nat;
+      else
+        p.lse_partial[part_row0 + n] = l == 0.f ? -CUDART_INF_F : lse_nat;
+    }
+    named_barrier(bar_id, 128);
+    float inv[10];  // of this thread's column k = 2i + e, pair 8i + c + e
 #pragma unroll
-    for (int i = 0; i < 5; ++i)
+    for (int k = 0; k < 10; ++k) inv[k] = inv_s[8 * (k / 2) + c + k % 2];
+    if (whole && kDirectOut) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * i + c + e;
+      for (int k = 0; k < 10; ++k) {
+        const int n = 8 * (k / 2) + c + k % 2;
         if (n >= n_pairs) continue;
         const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
-        const float l = (l_all[n] + l_all[kPairsPerGroup + n]) + (l_all[2 * kPairsPerGroup + n] + l_all[3 * kPairsPerGroup + n]);
-        const float inv = 1.f / l;
-        const float lse_nat = (m_cur[n] + log2f(l)) * 0.6931471805599453f;
-        if (whole) {
-          bf16* dst = out_head(p, b, t, h);
+        bf16* dst = out_head(p, b, t, h) + 16 * warp + g;
 #pragma unroll
-          for (int j = 0; j < kVChunks; ++j) {
-            dst[64 * j + 16 * warp + g] = __float2bfloat16(o[j][4 * i + e] * inv);
-            dst[64 * j + 16 * warp + g + 8] = __float2bfloat16(o[j][4 * i + 2 + e] * inv);
-          }
-          if (warp == 0 && g == 0) *lse_at(p, b, t, h) = lse_nat;
-        } else {
-          float* dst = p.o_partial + (part_row0 + n) * kDimV;
-          const bool empty_part = l == 0.f;  // no key of this piece is visible to the pair
-#pragma unroll
-          for (int j = 0; j < kVChunks; ++j) {
-            dst[64 * j + 16 * warp + g] = empty_part ? 0.f : o[j][4 * i + e] * inv;
-            dst[64 * j + 16 * warp + g + 8] = empty_part ? 0.f : o[j][4 * i + 2 + e] * inv;
-          }
-          if (warp == 0 && g == 0) p.lse_partial[part_row0 + n] = empty_part ? -CUDART_INF_F : lse_nat;
+        for (int j = 0; j < kVChunks; ++j) {
+          dst[64 * j] = __float2bfloat16(o[j][4 * (k / 2) + k % 2] * inv[k]);
+          dst[64 * j + 8] = __float2bfloat16(o[j][4 * (k / 2) + 2 + k % 2] * inv[k]);
         }
       }
+    } else if (whole) {
+      // out is bf16: the fragments go to shared memory first (this warpgroup's Q^T,
+      // which the unit no longer reads), transposed by stmatrix into a row per
+      // pair, and leave as 16-byte vectors, each warp 512 bytes of one pair's row.
+      // (Stored straight from the fragments, each store wrote 16 bytes into each of
+      // four rows, half of a 32-byte sector: on the H200 a call of one tile took
+      // 14 us to write its 72 rows after the flush, twice its tile's time.)
+      // A stmatrix takes four 8x8 blocks: dims 16 warp + 8 (m % 2) of chunk j + m / 2,
+      // pairs 8i .. 8i + 7; lane 8m + r names where pair 8i + r's row of block m goes.
+      const int m = lane / 8, r = lane % 8;
+      const uint32_t rows = smem_addr(smem + kOffQ + group * kQBytes) + r * kStageRowBytes +
+                            2 * (64 * (m / 2) + 16 * warp + 8 * (m % 2));
+#pragma unroll
+      for (int i = 0; i < 5; ++i)
+#pragma unroll
+        for (int j = 0; j < kVChunks; j += 2)
+          stmatrix_x4_trans(rows + 8 * i * kStageRowBytes + 2 * 64 * j,
+                            pack_bf16x2(o[j][4 * i] * inv[2 * i], o[j][4 * i + 1] * inv[2 * i + 1]),
+                            pack_bf16x2(o[j][4 * i + 2] * inv[2 * i], o[j][4 * i + 3] * inv[2 * i + 1]),
+                            pack_bf16x2(o[j + 1][4 * i] * inv[2 * i], o[j + 1][4 * i + 1] * inv[2 * i + 1]),
+                            pack_bf16x2(o[j + 1][4 * i + 2] * inv[2 * i], o[j + 1][4 * i + 3] * inv[2 * i + 1]));
+      named_barrier(bar_id, 128);
+      const unsigned char* staged = smem + kOffQ + group * kQBytes;
+      for (int v = tid; v < n_pairs * (kDimV / 8); v += 128) {
+        const int n = v / (kDimV / 8), x = v % (kDimV / 8);
+        const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
+        *reinterpret_cast<uint4*>(out_head(p, b, t, h) + 8 * x) =
+            *reinterpret_cast<const uint4*>(staged + n * kStageRowBytes + 16 * x);
+      }
+      // (The next unit's Q^T load starts with a barrier of this warpgroup: nobody overwrites the rows before they are read.)
+    } else {
+      // The partials are fp32: a store of 8 dims of a pair is a whole 32-byte sector,
+      // four pairs to a store, and going through shared memory saved nothing.
+#pragma unroll
+      for (int k = 0; k < 10; ++k) {
+        const int n = 8 * (k / 2) + c + k % 2;
+        if (n >= n_pairs) continue;
+        float* dst = p.o_partial + (part_row0 + n) * kDimV + 16 * warp + g;
+#pragma unroll
+        for (int j = 0; j < kVChunks; ++j) {
+          dst[64 * j] = inv[k] == 0.f ? 0.f : o[j][4 * (k / 2) + k % 2] * inv[k];
+          dst[64 * j + 8] = inv[k] == 0.f ? 0.f : o[j][4 * (k / 2) + 2 + k % 2] * inv[k];
+        }
+      }
+    }
   }
 }
 

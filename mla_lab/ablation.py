@@ -96,8 +96,11 @@ ROWS_TMA_NO_MATH = "rows_tma_no_math"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
+# A whole unit's output stored straight from the fragments, as first written (-DMLA_HOPPER_DIRECT_OUT=1).
+DIRECT_OUT = "direct_out"
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
+          DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],

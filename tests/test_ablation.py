@@ -73,6 +73,20 @@ def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
     assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3"]
 
 
+def test_the_op_writes_a_whole_unit_through_shared_memory_and_direct_out_from_the_fragments(counts):
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    op, direct = instruction_mix(ablation.main_sass(None)), instruction_mix(ablation.main_sass(ablation.DIRECT_OUT))
+    # the op: each warp's 40 pairs x 512 dims as 20 stmatrix of four transposed 8x8 blocks, then 16-byte stores
+    assert op["STSM.16.MT88.4"] == 20 and count_opcodes(op, "STG.E.128") > 0
+    # direct_out: two bf16 stores of each of 8 chunks for each of 10 columns, and none of that
+    assert count_opcodes(direct, "STG.E.U16") - count_opcodes(op, "STG.E.U16") == 2 * 8 * 10
+    assert direct["STSM.16.MT88.4"] == 0 and count_opcodes(direct, "STG.E.128") == 0
+    # the rest is the same: the products and the copies of the keys
+    assert ablation.sass_counts(ablation.DIRECT_OUT) == dict(counts[None])
+    assert ablation.build_defines(ablation.DIRECT_OUT) == ["-DMLA_HOPPER_DIRECT_OUT=1"]
+
+
 def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(counts):
     # two warpgroups, each 36 products of scores and 2 x 16 of P V, all 64 x 64 x 16
     assert ablation.hgmma_shapes(ablation.ROWS) == {"64x64x16": 136}
@@ -362,6 +376,21 @@ def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
     for g in (0, 1):
         for t in tiles:
             assert (st[g, t, 1:] >= st[g, t, :-1]).all()
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem", [
+    Problem(streams=1, q_len=9, heads=8, prefix=55, page_size=64),                 # one tile: the unit is whole
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # whole units and cut ones
+    Problem(streams=2, q_len=3, heads=5, prefix=(17, 300), page_size=1),           # 15 pairs: part of a warpgroup
+], ids=lambda p: p.label())
+def test_the_direct_out_build_computes_what_the_op_does(problem):
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=12, poison=True)
+    _right_on_two_grids(ablation.DIRECT_OUT, w, reference_attention(*w.args(), check=False))
 
 
 @needs_gpu
