@@ -442,13 +442,17 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
     (at most HOPPER_ALIGNED_SHARE_TILES tiles per block on average), a multiple of
     the units instead, if that keeps at least 7/8 of the blocks: every unit is then
     cut into the same number of whole pieces, and no block's share straddles two
-    units (a second unit's start on the call's critical path).
+    units (a second unit's start on the call's critical path).  The pieces are
+    then as few as keep the longest share as long as it was: fewer partials to
+    write and merge, and the call's critical path no longer.
     """
     blocks = 0 if total_tiles == 0 else min(max_blocks, -(-total_tiles // _stages.HOPPER_MIN_TILES_PER_BLOCK))
     if same_tiles and units and units <= blocks and total_tiles <= _stages.HOPPER_ALIGNED_SHARE_TILES * blocks:
         aligned = blocks - blocks % units
         if 8 * aligned >= 7 * blocks:
-            return aligned
+            tiles, pieces = total_tiles // units, aligned // units
+            longest = -(-tiles // pieces)
+            return units * -(-tiles // longest)
     return blocks - blocks % groups if blocks >= groups else blocks
 
 

@@ -95,19 +95,38 @@ def test_every_group_is_cut_at_the_same_keys(lens, T, H, C):
 
 
 @pytest.mark.parametrize("lens, T, H, C, blocks", [
-    ([1033] * 8, 16, 8, 132, 128),     # 16 units of 17 tiles: 8 pieces each (132 would straddle)
-    ([1033] * 8, 9, 8, 132, 128),      # 8 units of 17 tiles
-    ([4105] * 8, 16, 8, 132, 128),     # 16 units of 65 tiles: 8.1 a block, still short
-    ([1033] * 16, 1, 128, 132, 128),   # 32 units (2 groups of 16 streams)
-    ([2057] * 7, 9, 8, 132, 126),      # 7 units of 33 tiles: 126 keeps more than 7/8 of 132
+    ([1033] * 8, 16, 8, 132, 96),      # 16 units of 17 tiles: 8 pieces each (132 would straddle), 3 tiles at most: 6 do
+    ([1033] * 8, 9, 8, 132, 72),       # 8 units of 17 tiles: 16 pieces of at most 2 tiles, or 9
+    ([4105] * 8, 16, 8, 132, 128),     # 16 units of 65 tiles: 8.1 a block, still short; 8 pieces of at most 9 tiles
+    ([1033] * 16, 1, 128, 132, 128),   # 32 units (2 groups of 16 streams): 4 pieces of at most 5 tiles
+    ([2057] * 7, 9, 8, 132, 119),      # 7 units of 33 tiles: 126 keeps more than 7/8 of 132; 17 pieces of at most 2
+    ([1033], 9, 8, 132, 17),           # one unit of 17 tiles: a tile a block
+    ([65545], 9, 8, 132, 129),         # one unit of 1025 tiles: 132 pieces of at most 8 tiles, or 129
 ])
 def test_equal_short_units_are_cut_into_whole_pieces(lens, T, H, C, blocks):
-    """Equal streams and short shares: a multiple of the units, so no share straddles two units."""
+    """Equal streams and short shares: a multiple of the units, so no share straddles two units, and as few
+    pieces as keep the longest share of that multiple."""
     plan = hopper_plan(lens, T, H, C)
     assert plan.blocks == blocks
     assert all(len(plan.share(c)) == 1 for c in range(plan.blocks))
     per_unit = blocks // (plan.groups * len(lens))
     assert all(c1 - c0 + 1 == per_unit for _, c0, c1 in plan.cut_units())
+
+
+@pytest.mark.parametrize("tiles", [1, 2, 7, 16, 17, 33, 64, 65, 257])
+@pytest.mark.parametrize("units", [1, 3, 8, 16])
+def test_fewer_pieces_never_lengthen_the_longest_share(tiles, units):
+    """Against the plain multiple of the units: the longest share is the same, and one piece fewer would lengthen it."""
+    C = 132
+    W = tiles * units
+    if units > min(C, W) or W > stages.HOPPER_ALIGNED_SHARE_TILES * min(C, W):
+        pytest.skip("not a short call of equal units")
+    aligned = min(C, W) - min(C, W) % units
+    plan = hopper_plan([tiles * stages.HOPPER_KEYS_PER_TILE - 9] * units, 9, 8, C)
+    longest = max(plan.start(c + 1) - plan.start(c) for c in range(plan.blocks))
+    assert longest == -(-tiles // (aligned // units))
+    pieces = plan.blocks // units
+    assert plan.blocks % units == 0 and (pieces == 1 or -(-tiles // (pieces - 1)) > longest)
 
 
 @pytest.mark.parametrize("lens, T, H, C, blocks", [
@@ -127,7 +146,10 @@ def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
     body = src[src.index("int blocks_with_share("):]
     body = body[:body.index("\n}\n")]
     assert re.search(r"if \(same_tiles && sh\.units <= most && W <= kAlignedShareTiles \* most\)", body)
-    assert re.search(r"const int aligned = most - most % sh\.units;\s*if \(8 \* aligned >= 7 \* most\) return aligned;", body)
+    assert re.search(r"const int aligned = most - most % sh\.units;\s*if \(8 \* aligned >= 7 \* most\) \{", body)
+    assert re.search(r"const int tiles = W / sh\.units, pieces = aligned / sh\.units;\s*"
+                     r"const int longest = \(tiles \+ pieces - 1\) / pieces;\s*"
+                     r"return sh\.units \* \(\(tiles \+ longest - 1\) / longest\);", body)
     assert re.search(r"const bool same_tiles = one_stream \|\| __syncthreads_and\(same\) != 0;", src)
 
 
