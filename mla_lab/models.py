@@ -869,3 +869,50 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
             moved = True  # the lagging warp takes one step only when nothing else can move
     done = consumed == total and not overwrites
     return {"done": done, "overwrites": overwrites, "consumed": consumed, "stuck": not done and not overwrites}
+
+
+# ---- stage 10: a whole unit's rows, through shared memory ---------------------------
+
+HOPPER_STAGE_ROW_BYTES = 2 * D_V + 16  # csrc/stage10_hopper.cu, kStageRowBytes: a pair's bf16 row, padded
+
+
+def hopper_out_staging(pairs: int = _stages.HOPPER_PAIRS_PER_GROUP) -> dict:
+    """Where ``compute``'s epilogue puts a whole unit's output, for one warpgroup of ``pairs`` pairs.
+
+    Each thread (warp ``w``, lane ``l``: fragment row ``g = l // 4``, columns
+    ``c = 2 (l % 4)``, +1) holds the accumulator of ``O^T`` (dims on M): element
+    ``o[j][4 i + 2 h + e]`` is dim ``64 j + 16 w + 8 h + g`` of pair ``8 i + c + e``.
+    One ``stmatrix.x4.trans`` per (i, j even) stores four 8x8 blocks, lane ``8 m + r``
+    naming the shared-memory row of pair ``8 i + r`` of block ``m`` (dims
+    ``16 w + 8 (m % 2)`` of chunk ``j + m // 2``), and the block is stored
+    transposed: stored row ``r`` is the fragment's column ``r``, 8 dims of one
+    pair.  Returns ``written`` ({byte offset: (pair, dim)} for every bf16 written),
+    ``bank_sets`` (for each block of each stmatrix, the 32-bit banks its 8 rows of
+    16 bytes touch) and ``copies`` (for each copy-out step of each warp, the
+    (pair, first byte) of its 32 lanes' 16-byte loads).
+    """
+    row = HOPPER_STAGE_ROW_BYTES
+    written: dict[int, tuple[int, int]] = {}
+    bank_sets = []
+    for w in range(4):
+        for i in range(5):
+            for j in range(0, D_V // 64, 2):
+                for m in range(4):
+                    banks = []
+                    for r in range(8):
+                        addr = r * row + 2 * (64 * (m // 2) + 16 * w + 8 * (m % 2)) + 8 * i * row + 2 * 64 * j
+                        pair, dim0 = 8 * i + r, 64 * (j + m // 2) + 16 * w + 8 * (m % 2)
+                        for d in range(8):  # stored row r: the fragment's column r, rows (dims) 0..7
+                            if addr + 2 * d in written:
+                                raise AssertionError(f"byte {addr + 2 * d} written twice")
+                            written[addr + 2 * d] = (pair, dim0 + d)
+                        banks.extend(((addr + 4 * q) // 4) % 32 for q in range(4))
+                    bank_sets.append(banks)
+    copies = []
+    vectors = D_V // 8  # 16-byte vectors of a pair's row
+    for step in range(-(-pairs * vectors // 128)):
+        for warp in range(4):
+            lanes = [v for v in (128 * step + 32 * warp + lane for lane in range(32)) if v < pairs * vectors]
+            if lanes:
+                copies.append([(v // vectors, (v // vectors) * row + 16 * (v % vectors)) for v in lanes])
+    return {"written": written, "bank_sets": bank_sets, "copies": copies}

@@ -292,3 +292,33 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert comb.grid == (stages.HOPPER_PAIRS_PER_BLOCK, 8, 1)
     (_, comb) = hop.launches(8, 9, 8, 1025, 64, 132)
     assert comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 8, 1)
+
+
+def test_a_whole_units_rows_are_staged_once_each_without_bank_conflicts_and_leave_in_whole_lines():
+    """The epilogue's layout (models.hopper_out_staging), and the source holding the same constants."""
+    from mla_lab.models import HOPPER_STAGE_ROW_BYTES, hopper_out_staging
+
+    st = hopper_out_staging()
+    pairs = stages.HOPPER_PAIRS_PER_GROUP
+    # every (pair, dim) of the warpgroup's 40 pairs is written exactly once, at its row's place
+    assert sorted(st["written"].values()) == [(n, d) for n in range(pairs) for d in range(512)]
+    assert all(off == n * HOPPER_STAGE_ROW_BYTES + 2 * d for off, (n, d) in st["written"].items())
+    assert max(st["written"]) < 9 * pairs * 128  # inside the warpgroup's Q^T region (kQBytes)
+    # each 8x8 block's 8 rows of 16 bytes fall in 32 different banks: one pass of shared memory
+    assert len(st["bank_sets"]) == 4 * 5 * 4 * 4 and all(len(set(b)) == 32 for b in st["bank_sets"])
+    # without the 16 bytes of padding, every row of a block would start in the same bank
+    assert HOPPER_STAGE_ROW_BYTES % 128 == 16
+    # the copy out: each warp's 32 lanes read 512 contiguous bytes of one pair's row (4 whole lines of out)
+    for lanes in st["copies"]:
+        assert len({n for n, _ in lanes}) == 1
+        starts = [b for _, b in lanes]
+        assert starts == list(range(starts[0], starts[0] + 16 * len(lanes), 16)) and len(lanes) == 32
+    src = stage10_source()
+    assert "constexpr int kStageRowBytes = kDimV * 2 + 16;" in src
+    assert re.search(r"const uint32_t rows = smem_addr\(smem \+ kOffQ \+ group \* kQBytes\) \+ r \* kStageRowBytes \+\s*"
+                     r"2 \* \(64 \* \(m / 2\) \+ 16 \* warp \+ 8 \* \(m % 2\)\);", src)
+    assert "stmatrix_x4_trans(rows + 8 * i * kStageRowBytes + 2 * 64 * j," in src
+    # block m holds chunk j + m / 2, dims + 8 (m % 2): the registers o[j][4i], o[j][4i + 2], o[j + 1][4i], o[j + 1][4i + 2]
+    packs = re.findall(r"pack_bf16x2\(o\[(j(?: \+ 1)?)\]\[4 \* i( \+ 2)?\] \* inv\[2 \* i\], "
+                       r"o\[\1\]\[4 \* i \+ (?:1|3)\] \* inv\[2 \* i \+ 1\]\)", src)
+    assert packs == [("j", ""), ("j", " + 2"), ("j + 1", ""), ("j + 1", " + 2")]
