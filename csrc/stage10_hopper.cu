@@ -292,7 +292,7 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 // few as keep the longest share as it is: each piece is a unit's start and a
 // partial written and merged, and in a short call those cost as much as a tile
 // or two (on the H200, 8 streams of 1024 keys at 8 heads: 9 pieces a unit in
-// place of 16, the same 2 tiles a block at most, 28.2 -> 26.7 us).
+// place of 16, the same 2 tiles a block at most, 28.1 -> 26.6 us).
 constexpr int kAlignedShareTiles = 8;  // "short": at most this many tiles per block on average
 __device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W, bool same_tiles) {
   const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
@@ -1068,12 +1068,10 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
     const float* l_all = l_s - warp * kPairsPerGroup;
 
     // 6. Write the unit: whole -> out (bf16) and lse; cut -> this block's partial slot (fp32).
-    // Each pair's 1 / sum and lse come from one thread a pair, through shared
-    // memory (col_max, free until the next unit's first softmax).  Written out in
-    // each thread for each of its ten columns, they took 1.5 to 2.7 us of a call
-    // of one tile on the H200, with L2 flushed or not; this takes a few tenths.
-    // Code that runs once per unit runs far below the rate of a loop that repeats
-    // (most likely its instructions are fetched as it goes): keep it short.
+    // Code that runs once per unit is slow to fetch and runs at a fraction of the
+    // rate of a loop that repeats, so each pair's 1 / sum and lse come from one
+    // thread a pair, through shared memory (col_max, free until the next unit's
+    // first softmax), not from each thread for each of its ten columns.
     const bool whole = t0 == 0 && t1 == cur.tiles;
     const int slot = u == first_share_unit ? 0 : 1;  // a share cuts at most its first and its last unit
     const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock + group * kPairsPerGroup;
@@ -1111,9 +1109,8 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       // which the unit no longer reads), transposed by stmatrix into a row per
       // pair, and leave as 16-byte vectors, each warp 512 bytes of one pair's row.
       // (Stored straight from the fragments, each store wrote 16 bytes into each of
-      // four rows, half of a 32-byte sector: on the H200, after the flush, a call
-      // of one tile took about 12 us to write its 72 rows, twice its tile's time;
-      // chapter 10 times both ways, the other as the build direct_out.)
+      // four rows, half of a 32-byte sector: on the H200 a call of one tile took
+      // 14 us to write its 72 rows after the flush, twice its tile's time.)
       // A stmatrix takes four 8x8 blocks: dims 16 warp + 8 (m % 2) of chunk j + m / 2,
       // pairs 8i .. 8i + 7; lane 8m + r names where pair 8i + r's row of block m goes.
       const int m = lane / 8, r = lane % 8;
