@@ -292,7 +292,7 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 // few as keep the longest share as it is: each piece is a unit's start and a
 // partial written and merged, and in a short call those cost as much as a tile
 // or two (on the H200, 8 streams of 1024 keys at 8 heads: 9 pieces a unit in
-// place of 16, the same 2 tiles a block at most, 28.1 -> 26.6 us).
+// place of 16, the same 2 tiles a block at most, 28.2 -> 26.7 us).
 constexpr int kAlignedShareTiles = 8;  // "short": at most this many tiles per block on average
 __device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W, bool same_tiles) {
   const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
@@ -1068,10 +1068,12 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
     const float* l_all = l_s - warp * kPairsPerGroup;
 
     // 6. Write the unit: whole -> out (bf16) and lse; cut -> this block's partial slot (fp32).
-    // Code that runs once per unit is slow to fetch and runs at a fraction of the
-    // rate of a loop that repeats, so each pair's 1 / sum and lse come from one
-    // thread a pair, through shared memory (col_max, free until the next unit's
-    // first softmax), not from each thread for each of its ten columns.
+    // Each pair's 1 / sum and lse come from one thread a pair, through shared
+    // memory (col_max, free until the next unit's first softmax).  Written out in
+    // each thread for each of its ten columns, they took 1.5 to 2.7 us of a call
+    // of one tile on the H200, with L2 flushed or not; this takes a few tenths.
+    // Code that runs once per unit runs far below the rate of a loop that repeats
+    // (most likely its instructions are fetched as it goes): keep it short.
     const bool whole = t0 == 0 && t1 == cur.tiles;
     const int slot = u == first_share_unit ? 0 : 1;  // a share cuts at most its first and its last unit
     const int64_t part_row0 = ((int64_t)cta * 2 + slot) * kPairsPerBlock + group * kPairsPerGroup;
@@ -1109,8 +1111,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       // which the unit no longer reads), transposed by stmatrix into a row per
       // pair, and leave as 16-byte vectors, each warp 512 bytes of one pair's row.
       // (Stored straight from the fragments, each store wrote 16 bytes into each of
-      // four rows, half of a 32-byte sector: on the H200 a call of one tile took
-      // 14 us to write its 72 rows after the flush, twice its tile's time.)
+      // four rows, half of a 32-byte sector: on the H200, after the flush, a call
+      // of one tile took about 12 us to write its 72 rows, twice its tile's time;
+      // chapter 10 times both ways, the other as the build direct_out.)
       // A stmatrix takes four 8x8 blocks: dims 16 warp + 8 (m % 2) of chunk j + m / 2,
       // pairs 8i .. 8i + 7; lane 8m + r names where pair 8i + r's row of block m goes.
       const int m = lane / 8, r = lane % 8;
@@ -1590,7 +1593,16 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // block table's width bounds a unit's pieces, which is how the host sees that
 // case.  (Choosing again in the kernel, per cut unit, was tried: a branch that a
 // call with nothing cut never took still cost one-stream calls 1 to 3 us.)
+// A sliced grid is 320 blocks a unit.  ptxas gives this kernel 48 registers, so
+// five blocks of 256 threads fit on an SM: past two units (960 blocks) the grid
+// needs a second wave on the H200's 132 SMs.  There its blocks are of 128
+// threads, ten to an SM, each adding its pieces in four rows instead of eight:
+// on the H200, 8 streams of 4096 keys at 8 heads 45.0 -> 41.1 us, 4 streams of
+// 2000 at 16 heads 34.2 -> 30.0, one stream of 4096 at 64 heads 41.7 -> 37.6.
+// One stream keeps 256 (a unit of up to 132 pieces: 128 threads cost 12% at
+// 16384 keys), and so does the grid of one block a pair.
 constexpr int kCombineThreads = 256;
+constexpr int kNarrowCombineThreads = 128;
 constexpr int kManySlices = 4;
 
 constexpr int kSlicedPieces = 32;  // a unit that can be cut into this many pieces gets a grid of slices
@@ -1601,6 +1613,12 @@ constexpr int kSlicedPieces = 32;  // a unit that can be cut into this many piec
 __host__ __device__ constexpr int combine_slices(int num_splits, int units, int64_t unit_tiles_bound) {
   return num_splits >= 16 * units && (units <= 2 || unit_tiles_bound >= kSlicedPieces) ? kManySlices : 1;
 }
+#ifndef MLA_HOPPER_WIDE_COMBINE
+#define MLA_HOPPER_WIDE_COMBINE 0  // 1: every merge block of 256 threads, as first written (the build wide_combine)
+#endif
+__host__ __device__ constexpr int combine_threads(int slices, int units) {
+  return slices > 1 && units > 2 && !MLA_HOPPER_WIDE_COMBINE ? kNarrowCombineThreads : kCombineThreads;
+}
 
 // A cut unit as the plan lists it, read once by the whole combine block.
 struct CutUnit {
@@ -1609,10 +1627,11 @@ struct CutUnit {
   int pieces;
 };
 
-template <int kSlices>
+template <int kSlices, int kBlockThreads>
 __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int slice, const CutUnit& cu) {
   constexpr int kCols = kDimV / kSlices / 4;          // float4 columns of a slice: 32 or 128
-  constexpr int kRows = kCombineThreads / kCols;      // pieces added side by side: 8 or 2
+  constexpr int kRows = kBlockThreads / kCols;        // pieces added side by side: 8, 4 or 2
+  constexpr int kLsePerThread = (kMaxSplitsHere + kBlockThreads - 1) / kBlockThreads;  // 1 or 2
   const int tid = threadIdx.x;
   const Shape sh = shape_of(p);
   const int W = cu.W, C = cu.C, u = cu.u, c0 = cu.c0, pieces = cu.pieces;
@@ -1630,11 +1649,24 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 
   __shared__ float weight[kMaxSplitsHere];
   __shared__ float4 part[kRows - 1][kCols];
-  const float ls = tid < pieces ? p.lse_partial[row_of(tid)] : -CUDART_INF_F;
-  const float mx = block_max<kCombineThreads>(ls);
-  const float w = ls == -CUDART_INF_F ? 0.f : __expf(ls - mx);  // an empty piece weighs nothing
-  if (tid < pieces) weight[tid] = w;
-  const float weight_sum = block_sum<kCombineThreads>(w);  // its barriers also publish weight[]
+  float ls[kLsePerThread];
+  float ls_max = -CUDART_INF_F;
+#pragma unroll
+  for (int j = 0; j < kLsePerThread; ++j) {
+    const int i = tid + j * kBlockThreads;
+    ls[j] = i < pieces ? p.lse_partial[row_of(i)] : -CUDART_INF_F;
+    ls_max = fmaxf(ls_max, ls[j]);
+  }
+  const float mx = block_max<kBlockThreads>(ls_max);
+  float w = 0.f;
+#pragma unroll
+  for (int j = 0; j < kLsePerThread; ++j) {
+    const int i = tid + j * kBlockThreads;
+    const float wj = ls[j] == -CUDART_INF_F ? 0.f : __expf(ls[j] - mx);  // an empty piece weighs nothing
+    if (i < pieces) weight[i] = wj;
+    w += wj;
+  }
+  const float weight_sum = block_sum<kBlockThreads>(w);  // its barriers also publish weight[]
 
   const int row = tid / kCols, col = tid % kCols;
   const int dim0 = slice * (kDimV / kSlices) + 4 * col;
@@ -1694,9 +1726,11 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
   const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
   const CutUnit cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
   if (gridDim.x == kPairsPerBlock)
-    combine_slice<1>(p, blockIdx.x, 0, cu);
+    combine_slice<1, kCombineThreads>(p, blockIdx.x, 0, cu);
+  else if (blockDim.x == kNarrowCombineThreads)
+    combine_slice<kManySlices, kNarrowCombineThreads>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
   else
-    combine_slice<kManySlices>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
+    combine_slice<kManySlices, kCombineThreads>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
 #else
   __trap();
 #endif
@@ -1732,8 +1766,8 @@ LaunchGeometry main_geometry(const MlaParams& p) {
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
   const int units = shape_of(p).units;
   const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-  return {dim3(kPairsPerBlock * combine_slices(p.num_splits, units, unit_tiles_bound), std::min(p.num_splits, units)),
-          dim3(kCombineThreads), 0};
+  const int slices = combine_slices(p.num_splits, units, unit_tiles_bound);
+  return {dim3(kPairsPerBlock * slices, std::min(p.num_splits, units)), dim3(combine_threads(slices, units)), 0};
 }
 
 // The cache's tensor map for this call, or box_keys = 0 where TMA cannot read

@@ -64,6 +64,15 @@ returns as soon as it may read its inputs; ``scheduler_only`` stops the main
 kernel once the scheduler has cut the work (the combine still runs);
 ``no_combine`` does all of the main kernel's work and launches no combine,
 which is right only where no unit is cut.
+
+Two builds keep a part of the op as it was first written, so that a chapter
+can time what its change was worth; their answers are right.  ``direct_out``
+(``-DMLA_HOPPER_DIRECT_OUT=1``) stores a whole unit's bf16 rows straight from
+the ``wgmma`` fragments, half a sector at a time, where the op stages them in
+shared memory and writes whole lines.  ``wide_combine``
+(``-DMLA_HOPPER_WIDE_COMBINE=1``) launches every block of the merge with 256
+threads, where the op narrows the blocks of a sliced grid of more than two
+units to 128 so that the grid fits in one wave or close to it.
 """
 
 from __future__ import annotations
@@ -98,9 +107,13 @@ EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
 # A whole unit's output stored straight from the fragments, as first written (-DMLA_HOPPER_DIRECT_OUT=1).
 DIRECT_OUT = "direct_out"
+# Every block of the merge of 256 threads, as first written (-DMLA_HOPPER_WIDE_COMBINE=1): the op narrows the blocks
+# of a sliced grid of more than two units to 128 threads.
+WIDE_COMBINE = "wide_combine"
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
+          WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],

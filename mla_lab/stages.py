@@ -132,7 +132,7 @@ class Stage:
             slices = hopper_combine_slices(splits, units, -(-max_pages * page_size // HOPPER_KEYS_PER_TILE))
             return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
                     Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
-                           (HOPPER_COMBINE_THREADS, 1, 1), 0)]
+                           (hopper_combine_threads(slices, units), 1, 1), 0)]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -158,6 +158,12 @@ def hopper_combine_slices(splits: int, units: int, unit_tiles_bound: int) -> int
     return 4 if splits >= 16 * units and (units <= 2 or unit_tiles_bound >= HOPPER_SLICED_PIECES) else 1
 
 
+def hopper_combine_threads(slices: int, units: int) -> int:
+    """Threads of a block of stage 10's combine: 128 in a sliced grid of more than two units (320 blocks a unit,
+    too many for one wave of 256-thread blocks), else 256."""
+    return HOPPER_NARROW_COMBINE_THREADS if slices > 1 and units > 2 else HOPPER_COMBINE_THREADS
+
+
 def hopper_groups(q_len: int, heads: int) -> int:
     """Stage 10's pair groups per stream: its (row, head) pairs in blocks of at most 80."""
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
@@ -170,6 +176,7 @@ HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
 HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
 HOPPER_COMBINE_THREADS = 256
+HOPPER_NARROW_COMBINE_THREADS = 128
 HOPPER_MIN_TILES_PER_BLOCK = 1
 HOPPER_ALIGNED_SHARE_TILES = 8  # below this many tiles per block, equal units are cut at whole pieces (kAlignedShareTiles)
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring

@@ -147,13 +147,14 @@ def test_the_combine_has_four_pieces_in_flight_per_thread():
     from mla_lab.extension import CSRC
     from mla_lab.resources import compile_cubin
 
-    # Each of the merge's variants (one slice, four slices) loads four pieces before its first
-    # multiply-add; loaded and added one at a time, every load waited for the one before.
+    # Each of the merge's variants (one slice; four slices in blocks of 256 or of 128 threads) loads
+    # four pieces before its first multiply-add; loaded and added one at a time, every load waited
+    # for the one before.
     text = kernel_sass(compile_cubin(CSRC / "stage10_hopper.cu", "9.0"), "hopper_combine_kernel")
     assert "hopper_combine_kernel" in text.splitlines()[0]
     order = re.findall(r"\b(LDG\.E\.128|FFMA)\b", text)
     runs = [len(list(run)) for op, run in itertools.groupby(order) if op == "LDG.E.128"]
-    assert runs == [4, 4]
+    assert runs == [4, 4, 4]
 
 
 def test_profile_target_takes_a_build_for_hopper_only():
@@ -391,6 +392,35 @@ def test_the_direct_out_build_computes_what_the_op_does(problem):
 
     w = make_workload(problem, device="cuda", seed=12, poison=True)
     _right_on_two_grids(ablation.DIRECT_OUT, w, reference_attention(*w.args(), check=False))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem,splits", [
+    (Problem(streams=4, q_len=9, heads=8, prefix=(5000, 70, 3000, 1), page_size=16), None),  # 4 units, sliced
+    (Problem(streams=8, q_len=9, heads=8, prefix=4096, page_size=64), None),                 # 8 even units, sliced
+    (Problem(streams=3, q_len=9, heads=8, prefix=(65536, 1, 5), page_size=64), 256),         # >128 pieces: two lse a thread
+    (Problem(streams=2, q_len=9, heads=8, prefix=(9000, 3000), page_size=64), None),         # 2 units: blocks of 256
+], ids=lambda x: x.label() if isinstance(x, Problem) else str(x))
+def test_the_narrow_merge_and_wide_combine_both_compute_what_the_reference_does(problem, splits):
+    """The op's merge in blocks of 128 threads (a sliced grid of more than two units) and the build that keeps
+    every block at 256 threads, against the reference, on the grid the op chooses and in a graph."""
+    from mla_lab import ops, stages
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=31, poison=True)
+    ref = reference_attention(*w.args(), check=False)
+    ns = splits or torch.cuda.get_device_properties(0).multi_processor_count
+    (_, comb) = stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
+                                              problem.page_size, ns)
+    assert comb.block[0] == (256 if problem.streams <= 2 else 128)
+    op = ops.runner("hopper", w, num_splits=splits)
+    _right(op, ref)
+    _right_again_in_a_graph(op, ref)
+    wide = ablation.runner(ablation.WIDE_COMBINE, w, num_splits=splits)
+    _right(wide, ref)
+    _right_again_in_a_graph(wide, ref)
 
 
 @needs_gpu

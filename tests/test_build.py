@@ -220,6 +220,8 @@ SHAPES = [
     (5, 33, 1, 2, 64, 7),  # shared_rows: 3 row groups (16 + 16 + 1)
     (4, 32, 17, 1025, 1, 2),  # shared_rows: exactly 2 groups; 17 heads = 3 tiles of 8 for flash_ht8
     (7, 2, 128, 13, 16, 1),
+    (8, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 8 units, in blocks of 128 threads
+    (2, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 2 units, in blocks of 256
 ]
 
 

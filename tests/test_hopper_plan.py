@@ -289,9 +289,30 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert s(132, 9, 1025) == 1         # more units than 132 / 16: one block a pair
     hop = stages.get("hopper")
     (_, comb) = hop.launches(8, 9, 8, 18, 64, 132)
-    assert comb.grid == (stages.HOPPER_PAIRS_PER_BLOCK, 8, 1)
+    assert comb.grid == (stages.HOPPER_PAIRS_PER_BLOCK, 8, 1) and comb.block == (256, 1, 1)
     (_, comb) = hop.launches(8, 9, 8, 1025, 64, 132)
-    assert comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 8, 1)
+    assert comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 8, 1) and comb.block == (128, 1, 1)
+    (_, comb) = hop.launches(2, 9, 8, 1025, 64, 132)  # two units: 640 blocks of 256 threads, one wave
+    assert comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 2, 1) and comb.block == (256, 1, 1)
+    (_, comb) = hop.launches(3, 9, 8, 1025, 64, 132)
+    assert comb.block == (128, 1, 1)
+
+
+def test_the_combine_block_rule_matches_the_kernel():
+    """Narrow blocks (128 threads) only in a sliced grid of more than two units, as the source says."""
+    src = stage10_source()
+    assert re.search(rf"constexpr int kCombineThreads = {stages.HOPPER_COMBINE_THREADS};", src)
+    assert re.search(rf"constexpr int kNarrowCombineThreads = {stages.HOPPER_NARROW_COMBINE_THREADS};", src)
+    assert re.search(r"return slices > 1 && units > 2 && !MLA_HOPPER_WIDE_COMBINE \? kNarrowCombineThreads "
+                     r": kCombineThreads;", src)
+    assert re.search(r"#define MLA_HOPPER_WIDE_COMBINE 0", src)  # the op: narrow blocks where the rule says
+    assert "__launch_bounds__(kCombineThreads) hopper_combine_kernel" in src
+    # the kernel picks the narrow merge from the launch's block size, which the host chose
+    assert re.search(r"else if \(blockDim\.x == kNarrowCombineThreads\)\s*"
+                     r"combine_slice<kManySlices, kNarrowCombineThreads>", src)
+    t = stages.hopper_combine_threads
+    assert [t(1, u) for u in (1, 2, 3, 100)] == [256] * 4
+    assert [t(4, u) for u in (1, 2, 3, 8)] == [256, 256, 128, 128]
 
 
 def test_a_whole_units_rows_are_staged_once_each_without_bank_conflicts_and_leave_in_whole_lines():
