@@ -2,9 +2,10 @@
 // or with a timeline of its tiles.
 //
 // mla_lab/ablation.py compiles this file beside stage10_hopper.cu with
-// -DMLA_HOPPER_ABLATE=1, 2 or 3, or with -DMLA_HOPPER_TIMELINE=1 (see that
-// file), into a small module of its own: the answers of the first three are
-// wrong on purpose, and the last one only adds clock reads, so none becomes an op.
+// -DMLA_HOPPER_ABLATE=1, 2 or 3, or with -DMLA_HOPPER_TIMELINE=1 or
+// -DMLA_HOPPER_MERGE_TIMELINE=1 (see that file), into a small module of its own:
+// the answers of the first three are wrong on purpose, and the timelines only
+// add clock reads, so none becomes an op.
 // The caller checks its arguments as the op does (mla_lab.validate) before
 // the first call; the checks here only keep a wrong call from reaching the GPU.
 #include <c10/cuda/CUDAGuard.h>
@@ -20,6 +21,11 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream);
 #if MLA_HOPPER_TIMELINE
 cudaError_t hopper_timeline_read(float* host, int capacity);
 cudaError_t hopper_timeline_clear();
+#endif
+#if MLA_HOPPER_MERGE_TIMELINE
+cudaError_t hopper_merge_timeline_read(unsigned long long* main, int main_capacity, unsigned long long* merge,
+                                       int merge_capacity);
+cudaError_t hopper_merge_timeline_clear();
 #endif
 }
 
@@ -97,10 +103,30 @@ at::Tensor timeline_read(int64_t tiles, int64_t events) {
 void timeline_clear() { C10_CUDA_CHECK(mla::hopper_timeline_clear()); }
 #endif
 
+#if MLA_HOPPER_MERGE_TIMELINE
+// The global timer's stamps of the last call, in nanoseconds (0 where none):
+// [block of the main kernel][start, end] and [combine block of the first cut unit][event].
+std::vector<at::Tensor> merge_timeline_read(int64_t main_blocks, int64_t merge_blocks, int64_t events) {
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor main = at::zeros({main_blocks, 2}, opts), merge = at::zeros({merge_blocks, events}, opts);
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  C10_CUDA_CHECK(mla::hopper_merge_timeline_read(reinterpret_cast<unsigned long long*>(main.data_ptr<int64_t>()),
+                                                 (int)main.numel(),
+                                                 reinterpret_cast<unsigned long long*>(merge.data_ptr<int64_t>()),
+                                                 (int)merge.numel()));
+  return {main, merge};
+}
+void merge_timeline_clear() { C10_CUDA_CHECK(mla::hopper_merge_timeline_clear()); }
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run", &run, "stage 10 with part of its work taken away");
 #if MLA_HOPPER_TIMELINE
   m.def("timeline_read", &timeline_read, "the clock stamps of block 0's tiles in the last call");
   m.def("timeline_clear", &timeline_clear, "zero the stamps");
+#endif
+#if MLA_HOPPER_MERGE_TIMELINE
+  m.def("merge_timeline_read", &merge_timeline_read, "the global timer's stamps of the main blocks and the merge");
+  m.def("merge_timeline_clear", &merge_timeline_clear, "zero them");
 #endif
 }

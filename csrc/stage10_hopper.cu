@@ -244,6 +244,37 @@ struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
 constexpr int kPlanHeader = 3;
 constexpr int kMaxSplitsHere = 256;  // the op's limit on num_splits: the most pieces a unit can be cut into
 
+// The merge's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
+// variant "merge_timeline"; the op is always built with 0).  With
+// MLA_HOPPER_MERGE_TIMELINE = 1, the GPU's global timer (nanoseconds) is
+// written into main_stamps by thread 128 of each block of the main kernel (the
+// first compute thread) as the block starts and once its warpgroup has written
+// its last unit, and into merge_stamps by thread 0 of each combine block of the
+// first cut unit at kMergeEvents points; the host reads them with
+// hopper_merge_timeline_read.  Only these stores are added.
+#ifndef MLA_HOPPER_MERGE_TIMELINE
+#define MLA_HOPPER_MERGE_TIMELINE 0
+#endif
+// The combine block's start, past its wait for the main kernel, the cut unit
+// read from the plan, the pieces' weights known, and its pieces added.
+constexpr int kMergeEvents = 5, kMergeStampBlocks = 4 * 80;  // kManySlices * kPairsPerBlock
+#if MLA_HOPPER_MERGE_TIMELINE
+__device__ unsigned long long main_stamps[kMaxSplitsHere][2];
+__device__ unsigned long long merge_stamps[kMergeStampBlocks][kMergeEvents];
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define MAIN_STAMP(event) \
+  if (threadIdx.x == 128) main_stamps[blockIdx.x][event] = global_ns()
+#define MERGE_STAMP(event) \
+  if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kMergeStampBlocks) merge_stamps[blockIdx.x][event] = global_ns()
+#else
+#define MAIN_STAMP(event)
+#define MERGE_STAMP(event)
+#endif
+
 struct Shape {
   int pairs;   // q_len * heads: (row, head) pairs of a stream, head fastest
   int groups;  // pair groups of up to kPairsPerBlock per stream
@@ -1552,6 +1583,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
     else
       compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x, tma);
   }
+  MAIN_STAMP(1);
   // This thread's writes are done: the combine may be launched once every
   // block is here (it still waits for the whole grid before reading).
   launch_dependents();
@@ -1560,6 +1592,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
 
 __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
+  MAIN_STAMP(0);
   hopper_main<false>(p, kv);
 #else
   __trap();
@@ -1667,6 +1700,7 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
     w += wj;
   }
   const float weight_sum = block_sum<kBlockThreads>(w);  // its barriers also publish weight[]
+  MERGE_STAMP(3);
 
   const int row = tid / kCols, col = tid % kCols;
   const int dim0 = slice * (kDimV / kSlices) + 4 * col;
@@ -1701,6 +1735,7 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
   }
   if (row > 0) part[row - 1][col] = acc;
   __syncthreads();
+  MERGE_STAMP(4);
   if (row == 0) {
 #pragma unroll
     for (int q = 0; q < kRows - 1; ++q) {
@@ -1718,11 +1753,14 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 
 __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
 #if MLA_SM90A
+  MERGE_STAMP(0);
   wait_for_previous_grid();
+  MERGE_STAMP(1);
   if (kCallPart == 1) return;
   const int k = blockIdx.y;  // cut unit
   const int n_cut = p.plan[2];
   if (k >= n_cut) return;  // (the words past the cut list were not written by this call)
+  MERGE_STAMP(2);
   const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
   const CutUnit cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
   if (gridDim.x == kPairsPerBlock)
@@ -1856,6 +1894,24 @@ cudaError_t hopper_timeline_read(float* host, int capacity) {
 cudaError_t hopper_timeline_clear() {
   static const float zeros[2][kStampTiles][kStampEvents] = {};
   return cudaMemcpyToSymbol(tile_stamps, zeros, sizeof(zeros));
+}
+#endif
+
+#if MLA_HOPPER_MERGE_TIMELINE
+// The stamps of the last call (0 where none was written): main_stamps into
+// `main` ([kMaxSplitsHere][2]), merge_stamps into `merge` ([kMergeStampBlocks][kMergeEvents]).
+cudaError_t hopper_merge_timeline_read(unsigned long long* main, int main_capacity, unsigned long long* merge,
+                                       int merge_capacity) {
+  if (main_capacity < kMaxSplitsHere * 2 || merge_capacity < kMergeStampBlocks * kMergeEvents)
+    return cudaErrorInvalidValue;
+  cudaError_t err = cudaMemcpyFromSymbol(main, main_stamps, sizeof(main_stamps));
+  return err == cudaSuccess ? cudaMemcpyFromSymbol(merge, merge_stamps, sizeof(merge_stamps)) : err;
+}
+cudaError_t hopper_merge_timeline_clear() {
+  static const unsigned long long zeros[kMergeStampBlocks * kMergeEvents] = {};
+  static_assert(sizeof(zeros) >= sizeof(main_stamps), "one buffer of zeros clears both");
+  cudaError_t err = cudaMemcpyToSymbol(main_stamps, zeros, sizeof(main_stamps));
+  return err == cudaSuccess ? cudaMemcpyToSymbol(merge_stamps, zeros, sizeof(merge_stamps)) : err;
 }
 #endif
 

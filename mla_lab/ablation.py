@@ -73,6 +73,12 @@ shared memory and writes whole lines.  ``wide_combine``
 (``-DMLA_HOPPER_WIDE_COMBINE=1``) launches every block of the merge with 256
 threads, where the op narrows the blocks of a sliced grid of more than two
 units to 128 so that the grid fits in one wave or close to it.
+
+``merge_timeline`` (``-DMLA_HOPPER_MERGE_TIMELINE=1``) does all of the op's
+work and reads the GPU's global timer at the start and end of each block of
+the main kernel and at five points of each merge block of the first cut unit
+(:data:`MERGE_EVENTS`); :func:`merge_timeline` runs it once and returns the
+stamps.
 """
 
 from __future__ import annotations
@@ -110,10 +116,17 @@ DIRECT_OUT = "direct_out"
 # Every block of the merge of 256 threads, as first written (-DMLA_HOPPER_WIDE_COMBINE=1): the op narrows the blocks
 # of a sliced grid of more than two units to 128 threads.
 WIDE_COMBINE = "wide_combine"
+# The op with the GPU's global timer read at the start and end of each main block and at MERGE_EVENTS points of each
+# merge block of the first cut unit (-DMLA_HOPPER_MERGE_TIMELINE=1): merge_timeline() reads them.
+MERGE_TIMELINE = "merge_timeline"
+MERGE_EVENTS = ("start", "past the wait", "unit read", "weights known", "pieces added")
+MERGE_STAMP_BLOCKS = 320  # kMergeStampBlocks: the merge blocks of one cut unit, four slices of 80 pairs
+MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
+          MERGE_TIMELINE: ["-DMLA_HOPPER_MERGE_TIMELINE=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
@@ -225,7 +238,7 @@ def runner(variant: str, w: Workload, *, num_splits: int | None = None):
     def call():
         module.run(q, kv, bt, lens, scale, ns, out, lse)
 
-    call.out, call.lse = out, lse  # type: ignore[attr-defined]
+    call.out, call.lse, call.num_splits = out, lse, ns  # type: ignore[attr-defined]
     return call
 
 
@@ -252,6 +265,35 @@ def timeline(w: Workload, *, num_splits: int | None = None, variant: str = TIMEL
     module.timeline_clear()
     call()
     return np.asarray(module.timeline_read(STAMP_TILES, len(STAMP_EVENTS)))
+
+
+def merge_timeline(w: Workload, *, num_splits: int | None = None, flush_bytes: int = 256 << 20) -> dict:
+    """When each block of the main kernel and of the merge got where, in one call on ``w``.
+
+    The call is made once to warm up; then the stamps are cleared, ``flush_bytes``
+    of a buffer are written (as the timing does before each call, which evicts
+    L2), and the call is made again, alone.  Returns ``main``, an array
+    ``[blocks, 2]`` (start, end: thread 128's, once its warpgroup has written its
+    last unit), and ``merge``, ``[merge blocks of the first cut unit,
+    MERGE_EVENTS]``, both in microseconds from the first main block's start, NaN
+    where nothing was stamped (a block with no work ends at once; no unit cut, no
+    merge stamps past the first two).
+    """
+    import numpy as np
+    import torch
+
+    call = runner(MERGE_TIMELINE, w, num_splits=num_splits)
+    module = load(MERGE_TIMELINE)
+    call()
+    module.merge_timeline_clear()
+    scratch = torch.empty(flush_bytes, dtype=torch.uint8, device=w.q.device)
+    scratch.zero_()
+    call()
+    main, merge = (np.asarray(t, dtype=np.float64) for t in module.merge_timeline_read(
+        MAIN_STAMP_BLOCKS, MERGE_STAMP_BLOCKS, len(MERGE_EVENTS)))
+    t0 = main[:, 0][main[:, 0] > 0].min()
+    to_us = lambda a: np.where(a > 0, (a - t0) / 1e3, np.nan)
+    return {"main": to_us(main[:call.num_splits]), "merge": to_us(merge)}
 
 
 def timeline_summary(stamps, first: int = 2) -> dict:

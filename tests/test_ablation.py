@@ -185,6 +185,28 @@ def test_the_timeline_build_only_adds_clock_reads(counts):
     assert ablation.TIMELINE not in ablation.VARIANTS  # not an ablation: chapter 10 times those
 
 
+def test_the_merge_timeline_build_only_adds_timer_reads(counts):
+    import re
+
+    from mla_lab.chapter_display import kernel_sass
+    from mla_lab.extension import CSRC
+    from mla_lab.resources import compile_cubin
+
+    src = (CSRC / "stage10_hopper.cu").read_text()
+    found = re.search(r"constexpr int kMergeEvents = (\d+), kMergeStampBlocks = 4 \* 80;", src)
+    assert found and int(found[1]) == len(ablation.MERGE_EVENTS) and ablation.MERGE_STAMP_BLOCKS == 4 * 80
+    assert re.search(r"constexpr int kMaxSplitsHere = (\d+);", src)[1] == str(ablation.MAIN_STAMP_BLOCKS)
+    # the main kernel: the op's products, copies, barriers and waits, and two reads of the timer
+    assert ablation.sass_counts(ablation.MERGE_TIMELINE) == dict(counts[None])
+    timer = lambda text: len(re.findall(r"SR_GLOBALTIMER", text))
+    assert timer(ablation.main_sass(None)) == 0 and timer(ablation.main_sass(ablation.MERGE_TIMELINE)) == 2
+    # the merge: three reads in the kernel and two in each of its three variants of combine_slice
+    cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", ablation.build_defines(ablation.MERGE_TIMELINE),
+                          f"-{ablation.MERGE_TIMELINE}")
+    assert timer(kernel_sass(cubin, "hopper_combine_kernel")) == 3 + 2 * 3
+    assert timer(kernel_sass(compile_cubin(CSRC / "stage10_hopper.cu", "9.0"), "hopper_combine_kernel")) == 0
+
+
 def test_the_timeline_summary_reads_phases_and_overlap():
     import numpy as np
 
@@ -421,6 +443,34 @@ def test_the_narrow_merge_and_wide_combine_both_compute_what_the_reference_does(
     wide = ablation.runner(ablation.WIDE_COMBINE, w, num_splits=splits)
     _right(wide, ref)
     _right_again_in_a_graph(wide, ref)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+def test_the_merge_timeline_stamps_in_order_and_its_answers_are_right():
+    import numpy as np
+
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), device="cuda", seed=5, poison=True)
+    _right_on_two_grids(ablation.MERGE_TIMELINE, w, reference_attention(*w.args(), check=False))
+    t = ablation.merge_timeline(w)
+    main, merge = t["main"], t["merge"]
+    assert main.shape == (torch.cuda.get_device_properties(0).multi_processor_count, 2)
+    assert np.all(main[:, 0] >= 0) and main[:, 0].min() == 0  # every block starts; the first at 0
+    busy = main[np.isfinite(main[:, 1])]  # the blocks with a share (the others return before their end stamp)
+    assert len(busy) > 8 and np.all(busy[:, 1] > busy[:, 0])
+    # the first cut unit's merge: a block a pair (80, 72 of them with a pair to merge), the five points in order
+    assert np.isfinite(merge[:80, :3]).all() and np.isnan(merge[80:]).all()
+    whole = merge[np.isfinite(merge[:, 4])]
+    assert len(whole) == 72 and np.all(np.diff(whole, axis=1) >= 0)
+    # no merge block passes its wait before the main kernel's last block has written its units
+    assert merge[:80, 1].min() >= busy[:, 1].max()
+    # nothing cut: the merge's blocks stop after reading the plan
+    one = make_workload(Problem(streams=1, q_len=9, heads=8, prefix=55, page_size=64), device="cuda", seed=6)
+    m = ablation.merge_timeline(one)["merge"]
+    assert np.isfinite(m[:80, :2]).all() and np.isnan(m[:, 2:]).all()
 
 
 @needs_gpu
