@@ -105,7 +105,8 @@ constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 // returns as soon as it may read its inputs.  2: the main kernel returns once
 // the scheduler has cut the work, and the combine merges whatever the partial
 // slots hold.  3: the main kernel does all of its work, and the combine is not
-// launched (right only where no unit is cut).
+// launched (right only where no unit is cut).  4: everything but the copies of
+// the units' Q, which never arrive (its answers are wrong: timing only).
 #ifndef MLA_HOPPER_CALL_PART
 #define MLA_HOPPER_CALL_PART 0
 #endif
@@ -808,7 +809,7 @@ __device__ __forceinline__ void load_unit_q(const MlaParams& p, int b, int kv_le
   }
   named_barrier(bar, threads);
 #pragma unroll 1  // unrolled, its addresses would take registers the accumulators need (and spill)
-  for (int i = t; i < rows * (kDimQK / 8); i += threads) {
+  for (int i = t; i < (kCallPart == 4 ? 0 : rows * (kDimQK / 8)); i += threads) {
     const int n = i / (kDimQK / 8), c16 = i % (kDimQK / 8), j = c16 / 8, col = c16 % 8;
     const uint32_t dst = q_s + j * (rows * 128) + n * 128 + ((col ^ (n & 7)) << 4);
     const int64_t row = q_row_s[n];

@@ -63,7 +63,8 @@ The :data:`CALL_PARTS` take a short call apart instead of a tile
 returns as soon as it may read its inputs; ``scheduler_only`` stops the main
 kernel once the scheduler has cut the work (the combine still runs);
 ``no_combine`` does all of the main kernel's work and launches no combine,
-which is right only where no unit is cut.
+which is right only where no unit is cut; ``no_q`` does all of the op's work
+but copy the units' ``Q`` (its answers are wrong: it is for timing only).
 
 Two builds keep a part of the op as it was first written, so that a chapter
 can time what its change was worth; their answers are right.  ``direct_out``
@@ -98,8 +99,9 @@ TMA_FIRST_NO_MATH = "tma_first_no_math"
 # The TMA loader with the compute warps' proxy fence kept only for the chunks gathered with cp.async.
 TMA_FEWER_FENCES = "tma_fewer_fences"
 # A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
-# kernel stopping after the scheduler's cut; the main kernel whole and no combine launched.
-CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3}
+# kernel stopping after the scheduler's cut; the main kernel whole and no combine launched; the op without its
+# units' Q copies (wrong answers: timing only).
+CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3, "no_q": 4}
 # The rows layout (-DMLA_HOPPER_ROWS=1), whole and with each half of the work taken away.
 ROWS = "rows"
 ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],

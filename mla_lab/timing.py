@@ -36,6 +36,31 @@ def median_us(fn, *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return 1e3 * do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def back_to_back_us(fn, *, calls: int = 200, rounds: int = 5) -> float:
+    """Microseconds per call of ``fn`` captured in a graph and replayed ``calls`` times in a row, L2 not flushed.
+
+    Each replay finds the L2 as the one before left it (its code, its inputs),
+    so this is a call's cost in a loop of its own, beside :func:`time_call`'s
+    cold one; the difference is what the flush costs the call.  The median of
+    ``rounds`` rounds, each timed by two CUDA events around all of its replays.
+    """
+    if calls < 1 or rounds < 1:
+        raise ValueError(f"need at least one call and one round, got calls={calls}, rounds={rounds}")
+    g = cuda_graph(fn)
+    for _ in range(min(calls, 20)):
+        g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(calls):
+            g.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(per_call)[len(per_call) // 2]
+
+
 def time_call(fn, *, graph: bool, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     if graph:
         g = cuda_graph(fn)

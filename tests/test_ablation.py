@@ -69,6 +69,8 @@ def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
         assert counts[part]["HGMMA"] == 0 and counts[part]["LDGSTS"] == 0, part
     # no_combine changes only the host's launches: the main kernel is the op's
     assert counts["no_combine"] == counts[None]
+    # no_q: the one cp.async of Q's copy loop is gone, every product and key copy is there
+    assert counts["no_q"] == dict(counts[None], LDGSTS=counts[None]["LDGSTS"] - 1)
     assert set(ablation.CALL_PARTS).isdisjoint(ablation.VARIANTS)
     assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3"]
 
@@ -492,3 +494,8 @@ def test_the_call_parts_do_what_they_say():
         call()
         torch.cuda.synchronize()
         assert torch.isnan(call.out.float()).all(), part
+    # Without Q the scores are of whatever shared memory held: the answer is not the reference's.
+    call = ablation.runner("no_q", w)
+    call()
+    torch.cuda.synchronize()
+    assert not compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok

@@ -137,3 +137,14 @@ def test_graphs_command_quick_sections(ext, tmp_path):
     rec = graphs.load(out)
     assert rec["run"]["gpu"] and [r["stage"] for r in rec["launch"]["rows"]] == STAGE_IDS
     assert all(r["bit_equal"] and r["padded_nan"] for r in rec["verify_step"])
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_back_to_back_timing_grows_with_the_work_replayed():
+    from mla_lab.timing import back_to_back_us
+
+    x = torch.zeros(16, device="cuda")
+    one = back_to_back_us(lambda: x.add_(1), calls=50)
+    ten = back_to_back_us(lambda: [x.add_(1) for _ in range(10)], calls=50)
+    assert 0 < one < ten and ten > 2 * one

@@ -82,3 +82,11 @@ def test_median_difference_compares_run_by_run():
         graphs.median_difference([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="non-empty"):
         graphs.median_difference([], [])
+
+
+def test_back_to_back_timing_refuses_an_empty_measurement():
+    from mla_lab.timing import back_to_back_us
+
+    for kw in (dict(calls=0), dict(rounds=0)):
+        with pytest.raises(ValueError, match="at least one call and one round"):
+            back_to_back_us(lambda: None, **kw)
