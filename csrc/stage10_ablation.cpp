@@ -24,7 +24,7 @@ cudaError_t hopper_timeline_clear();
 #endif
 #if MLA_HOPPER_MERGE_TIMELINE
 cudaError_t hopper_merge_timeline_read(unsigned long long* main, int main_capacity, unsigned long long* merge,
-                                       int merge_capacity);
+                                       int merge_capacity, unsigned long long* block0, int block0_capacity);
 cudaError_t hopper_merge_timeline_clear();
 #endif
 }
@@ -106,15 +106,16 @@ void timeline_clear() { C10_CUDA_CHECK(mla::hopper_timeline_clear()); }
 #if MLA_HOPPER_MERGE_TIMELINE
 // The global timer's stamps of the last call, in nanoseconds (0 where none):
 // [block of the main kernel][start, end] and [combine block of the first cut unit][event].
-std::vector<at::Tensor> merge_timeline_read(int64_t main_blocks, int64_t merge_blocks, int64_t events) {
+std::vector<at::Tensor> merge_timeline_read(int64_t main_blocks, int64_t merge_blocks, int64_t events,
+                                            int64_t block0_events) {
   const auto opts = at::TensorOptions().dtype(at::kLong);
   at::Tensor main = at::zeros({main_blocks, 2}, opts), merge = at::zeros({merge_blocks, events}, opts);
+  at::Tensor block0 = at::zeros({block0_events}, opts);
+  auto ptr = [](at::Tensor& t) { return reinterpret_cast<unsigned long long*>(t.data_ptr<int64_t>()); };
   C10_CUDA_CHECK(cudaDeviceSynchronize());
-  C10_CUDA_CHECK(mla::hopper_merge_timeline_read(reinterpret_cast<unsigned long long*>(main.data_ptr<int64_t>()),
-                                                 (int)main.numel(),
-                                                 reinterpret_cast<unsigned long long*>(merge.data_ptr<int64_t>()),
-                                                 (int)merge.numel()));
-  return {main, merge};
+  C10_CUDA_CHECK(mla::hopper_merge_timeline_read(ptr(main), (int)main.numel(), ptr(merge), (int)merge.numel(),
+                                                 ptr(block0), (int)block0.numel()));
+  return {main, merge, block0};
 }
 void merge_timeline_clear() { C10_CUDA_CHECK(mla::hopper_merge_timeline_clear()); }
 #endif

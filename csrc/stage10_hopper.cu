@@ -251,17 +251,24 @@ constexpr int kMaxSplitsHere = 256;  // the op's limit on num_splits: the most p
 // written into main_stamps by thread 128 of each block of the main kernel (the
 // first compute thread) as the block starts and once its warpgroup has written
 // its last unit, and into merge_stamps by thread 0 of each combine block of the
-// first cut unit at kMergeEvents points; the host reads them with
-// hopper_merge_timeline_read.  Only these stores are added.
+// first cut unit at kMergeEvents points, and into block0_stamps at
+// kBlock0Events points of block 0's way to its first tile; the host reads them
+// with hopper_merge_timeline_read.  Only these stores are added.
 #ifndef MLA_HOPPER_MERGE_TIMELINE
 #define MLA_HOPPER_MERGE_TIMELINE 0
 #endif
 // The combine block's start, past its wait for the main kernel, the cut unit
 // read from the plan, the pieces' weights known, and its pieces added.
 constexpr int kMergeEvents = 5, kMergeStampBlocks = 4 * 80;  // kManySlices * kPairsPerBlock
+// Block 0, before its first unit's first scores: past its wait for the previous
+// kernel and the scheduler's cut (thread 0); the loader's first page id read
+// back (thread 0); then, in thread 128 (its first unit), Q^T landed, the first
+// tile's first chunk landed, all of its chunks landed, and its scores done.
+constexpr int kBlock0Events = 7;
 #if MLA_HOPPER_MERGE_TIMELINE
 __device__ unsigned long long main_stamps[kMaxSplitsHere][2];
 __device__ unsigned long long merge_stamps[kMergeStampBlocks][kMergeEvents];
+__device__ unsigned long long block0_stamps[kBlock0Events];
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -271,9 +278,12 @@ __device__ __forceinline__ unsigned long long global_ns() {
   if (threadIdx.x == 128) main_stamps[blockIdx.x][event] = global_ns()
 #define MERGE_STAMP(event) \
   if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kMergeStampBlocks) merge_stamps[blockIdx.x][event] = global_ns()
+#define BLOCK0_STAMP(when, event) \
+  if (blockIdx.x == 0 && (when)) block0_stamps[event] = global_ns()
 #else
 #define MAIN_STAMP(event)
 #define MERGE_STAMP(event)
+#define BLOCK0_STAMP(when, event)
 #endif
 
 struct Shape {
@@ -513,6 +523,7 @@ __device__ void load_keys(const MlaParams& p, Cursor cur, unsigned char* smem,
       return key < kv_len ? table[key / p.page_size] : -1;
     };
     int next_page = page_of(t0);
+    BLOCK0_STAMP(tid == 0 && seq == 0 && next_page != INT_MIN, 2);  // (the compare waits for the page id)
     for (int tile = t0; tile < t1; ++tile) {
       const int key = tile * kKeysPerTile + my_key;
       const int page = next_page;
@@ -864,6 +875,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
     cp_async_wait<0>();
     fence_proxy_async();
     named_barrier(bar_id, 128);
+    BLOCK0_STAMP(tid == 0 && group == 0 && seq == 0, 3);
 
     float o[kVChunks][20];  // O^T: 8 dim tiles of 64 x 40
 #pragma unroll
@@ -901,6 +913,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
         for (int j = 0; j < kChunks; ++j) {
           const int wrap = slot0 + j >= kRing, slot = slot0 + j - (wrap ? kRing : 0);
           mbar_wait(&full[slot], phase0 ^ wrap);
+          BLOCK0_STAMP(tid == 0 && group == 0 && seq == 0 && (j == 0 || j == kChunks - 1), j == 0 ? 4 : 5);
           // wgmma reads through the async proxy: a chunk that cp.async wrote (the generic proxy) is fenced first.
           if (fence_chunks) fence_proxy_async();
 #pragma unroll
@@ -918,6 +931,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       MLA_DEBUG_DUMP(0, p.debug[row * kPairsPerGroup + col] = s[r];)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot0]);  // the RoPE chunk (position 0) is done
+      BLOCK0_STAMP(tid == 0 && group == 0 && seq == 0, 6);
       MLA_STAMP(1);
 
       // 2. Online softmax down each column (a pair), over this tile's 64 keys.
@@ -1559,11 +1573,13 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
   // Launched early behind the stream's previous kernel, which may still be
   // writing q, the cache or kv_lens: wait for it before reading any of them.
   wait_for_previous_grid();
+  BLOCK0_STAMP(threadIdx.x == 0, 0);
   if (kCallPart == 1) return;
   const Shape sh = shape_of(p);
   Cursor cur;
   int C;
   plan_share(p, sh, reinterpret_cast<int*>(smem + (kRows ? kROffPlan : kOffPlan)), cur, C);  // its last barrier publishes the mbarriers too
+  BLOCK0_STAMP(threadIdx.x == 0, 1);
   if (blockIdx.x >= C || kCallPart == 2) return;  // no share for this block (the whole block leaves together)
 
   if (wg == 0) {
@@ -1902,16 +1918,20 @@ cudaError_t hopper_timeline_clear() {
 // The stamps of the last call (0 where none was written): main_stamps into
 // `main` ([kMaxSplitsHere][2]), merge_stamps into `merge` ([kMergeStampBlocks][kMergeEvents]).
 cudaError_t hopper_merge_timeline_read(unsigned long long* main, int main_capacity, unsigned long long* merge,
-                                       int merge_capacity) {
-  if (main_capacity < kMaxSplitsHere * 2 || merge_capacity < kMergeStampBlocks * kMergeEvents)
+                                       int merge_capacity, unsigned long long* block0, int block0_capacity) {
+  if (main_capacity < kMaxSplitsHere * 2 || merge_capacity < kMergeStampBlocks * kMergeEvents ||
+      block0_capacity < kBlock0Events)
     return cudaErrorInvalidValue;
   cudaError_t err = cudaMemcpyFromSymbol(main, main_stamps, sizeof(main_stamps));
-  return err == cudaSuccess ? cudaMemcpyFromSymbol(merge, merge_stamps, sizeof(merge_stamps)) : err;
+  if (err == cudaSuccess) err = cudaMemcpyFromSymbol(merge, merge_stamps, sizeof(merge_stamps));
+  return err == cudaSuccess ? cudaMemcpyFromSymbol(block0, block0_stamps, sizeof(block0_stamps)) : err;
 }
 cudaError_t hopper_merge_timeline_clear() {
   static const unsigned long long zeros[kMergeStampBlocks * kMergeEvents] = {};
   static_assert(sizeof(zeros) >= sizeof(main_stamps), "one buffer of zeros clears both");
+  static_assert(sizeof(zeros) >= sizeof(block0_stamps), "and block 0's");
   cudaError_t err = cudaMemcpyToSymbol(main_stamps, zeros, sizeof(main_stamps));
+  if (err == cudaSuccess) err = cudaMemcpyToSymbol(block0_stamps, zeros, sizeof(block0_stamps));
   return err == cudaSuccess ? cudaMemcpyToSymbol(merge_stamps, zeros, sizeof(merge_stamps)) : err;
 }
 #endif

@@ -79,7 +79,8 @@ units to 128 so that the grid fits in one wave or close to it.
 work and reads the GPU's global timer at the start and end of each block of
 the main kernel and at five points of each merge block of the first cut unit
 (:data:`MERGE_EVENTS`); :func:`merge_timeline` runs it once and returns the
-stamps.
+stamps (and ``block0``: :data:`BLOCK0_EVENTS`, block 0's way to its first
+tile's scores).
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ WIDE_COMBINE = "wide_combine"
 MERGE_TIMELINE = "merge_timeline"
 MERGE_EVENTS = ("start", "past the wait", "unit read", "weights known", "pieces added")
 MERGE_STAMP_BLOCKS = 320  # kMergeStampBlocks: the merge blocks of one cut unit, four slices of 80 pairs
+# Block 0's way to its first tile's scores (kBlock0Events): thread 0 past the wait and with the scheduler's cut; the
+# loader's first page id; thread 128's Q^T landed, the first tile's first chunk and all nine landed, its scores done.
+BLOCK0_EVENTS = ("past the wait", "cut known", "first page id", "Q landed", "first chunk landed", "tile landed",
+                 "first scores")
 MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
@@ -277,9 +282,9 @@ def merge_timeline(w: Workload, *, num_splits: int | None = None, flush_bytes: i
     L2), and the call is made again, alone.  Returns ``main``, an array
     ``[blocks, 2]`` (start, end: thread 128's, once its warpgroup has written its
     last unit), and ``merge``, ``[merge blocks of the first cut unit,
-    MERGE_EVENTS]``, both in microseconds from the first main block's start, NaN
-    where nothing was stamped (a block with no work ends at once; no unit cut, no
-    merge stamps past the first two).
+    MERGE_EVENTS]``, and ``block0``, ``[BLOCK0_EVENTS]``, all in microseconds from
+    the first main block's start, NaN where nothing was stamped (a block with no
+    work ends at once; no unit cut, no merge stamps past the first two).
     """
     import numpy as np
     import torch
@@ -291,11 +296,11 @@ def merge_timeline(w: Workload, *, num_splits: int | None = None, flush_bytes: i
     scratch = torch.empty(flush_bytes, dtype=torch.uint8, device=w.q.device)
     scratch.zero_()
     call()
-    main, merge = (np.asarray(t, dtype=np.float64) for t in module.merge_timeline_read(
-        MAIN_STAMP_BLOCKS, MERGE_STAMP_BLOCKS, len(MERGE_EVENTS)))
+    main, merge, block0 = (np.asarray(t, dtype=np.float64) for t in module.merge_timeline_read(
+        MAIN_STAMP_BLOCKS, MERGE_STAMP_BLOCKS, len(MERGE_EVENTS), len(BLOCK0_EVENTS)))
     t0 = main[:, 0][main[:, 0] > 0].min()
     to_us = lambda a: np.where(a > 0, (a - t0) / 1e3, np.nan)
-    return {"main": to_us(main[:call.num_splits]), "merge": to_us(merge)}
+    return {"main": to_us(main[:call.num_splits]), "merge": to_us(merge), "block0": to_us(block0)}
 
 
 def timeline_summary(stamps, first: int = 2) -> dict:

@@ -198,10 +198,13 @@ def test_the_merge_timeline_build_only_adds_timer_reads(counts):
     found = re.search(r"constexpr int kMergeEvents = (\d+), kMergeStampBlocks = 4 \* 80;", src)
     assert found and int(found[1]) == len(ablation.MERGE_EVENTS) and ablation.MERGE_STAMP_BLOCKS == 4 * 80
     assert re.search(r"constexpr int kMaxSplitsHere = (\d+);", src)[1] == str(ablation.MAIN_STAMP_BLOCKS)
-    # the main kernel: the op's products, copies, barriers and waits, and two reads of the timer
+    assert re.search(r"constexpr int kBlock0Events = (\d+);", src)[1] == str(len(ablation.BLOCK0_EVENTS))
+    # the main kernel: the op's products, copies, barriers and waits, two reads of the timer for every block and one
+    # at each of block 0's events (the first chunk's and the last chunk's in the unrolled loop over chunks)
     assert ablation.sass_counts(ablation.MERGE_TIMELINE) == dict(counts[None])
     timer = lambda text: len(re.findall(r"SR_GLOBALTIMER", text))
-    assert timer(ablation.main_sass(None)) == 0 and timer(ablation.main_sass(ablation.MERGE_TIMELINE)) == 2
+    assert timer(ablation.main_sass(None)) == 0
+    assert timer(ablation.main_sass(ablation.MERGE_TIMELINE)) == 2 + len(ablation.BLOCK0_EVENTS)
     # the merge: three reads in the kernel and two in each of its three variants of combine_slice
     cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", ablation.build_defines(ablation.MERGE_TIMELINE),
                           f"-{ablation.MERGE_TIMELINE}")
@@ -471,8 +474,15 @@ def test_the_merge_timeline_stamps_in_order_and_its_answers_are_right():
     assert merge[:80, 1].min() >= busy[:, 1].max()
     # nothing cut: the merge's blocks stop after reading the plan
     one = make_workload(Problem(streams=1, q_len=9, heads=8, prefix=55, page_size=64), device="cuda", seed=6)
-    m = ablation.merge_timeline(one)["merge"]
+    t1 = ablation.merge_timeline(one)
+    m = t1["merge"]
     assert np.isfinite(m[:80, :2]).all() and np.isnan(m[:, 2:]).all()
+    # block 0's way to its one tile: every event stamped, each after those it waits for, all before its end
+    e = dict(zip(ablation.BLOCK0_EVENTS, t1["block0"]))
+    assert np.isfinite(t1["block0"]).all(), e
+    chain = ("past the wait", "cut known", "first page id", "first chunk landed", "tile landed", "first scores")
+    assert all(e[a] <= e[b] for a, b in zip(chain, chain[1:])), e
+    assert e["cut known"] <= e["Q landed"] <= e["first scores"] <= t1["main"][0, 1], e
 
 
 @needs_gpu
