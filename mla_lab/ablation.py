@@ -64,7 +64,7 @@ returns as soon as it may read its inputs; ``scheduler_only`` stops the main
 kernel once the scheduler has cut the work (the combine still runs);
 ``no_combine`` does all of the main kernel's work and launches no combine,
 which is right only where no unit is cut; ``no_q`` does all of the op's work
-but copy the units' ``Q`` (its answers are wrong: it is for timing only).
+except copying the units' ``Q`` (its answers are wrong: it is for timing only).
 
 Two builds keep a part of the op as it was first written, so that a chapter
 can time what its change was worth; their answers are right.  ``direct_out``
