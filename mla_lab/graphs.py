@@ -52,6 +52,7 @@ import torch
 from . import ops, stages
 from .problem import Problem, make_workload
 from .results import RESULTS, gpu_slug
+from .timing import _events_us, per_call_us
 
 GRAPHS = RESULTS / "graphs"
 Q_LEN, HEADS = 9, 8
@@ -69,24 +70,6 @@ DEVICE = "cuda"  # the measurements run on the current CUDA device
 
 
 # ---- timing ------------------------------------------------------------------------------
-
-def _events_us(fn, n: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
-
-
-def per_call_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> float:
-    """Median over ``repeats`` of the time per call of ``calls`` calls issued back to back (no L2 flush)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(_events_us(fn, calls) for _ in range(repeats))
-
 
 def adaptive_per_call_us(fn, budget_s: float = 0.3, most: int = 50, repeats: int = 3) -> float:
     """:func:`per_call_us` for calls of any length: as many calls as fit ``budget_s`` (at least 2)."""

@@ -7,9 +7,13 @@
 * Short calls are also timed as CUDA-graph replays: the launches of one call
   are recorded once and replayed as a unit, which is how serving engines run
   decode steps, and which removes the Python and dispatcher cost per launch.
+* ``per_call_us``: calls back to back with no flush, CUDA events around many of
+  them (``back_to_back_us`` replays a captured call that way).
 """
 
 from __future__ import annotations
+
+import statistics
 
 import torch
 
@@ -36,6 +40,24 @@ def median_us(fn, *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return 1e3 * do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def _events_us(fn, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def per_call_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> float:
+    """Median over ``repeats`` of the time per call of ``calls`` calls issued back to back (no L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(_events_us(fn, calls) for _ in range(repeats))
+
+
 def back_to_back_us(fn, *, calls: int = 200, rounds: int = 5) -> float:
     """Microseconds per call of ``fn`` captured in a graph and replayed ``calls`` times in a row, L2 not flushed.
 
@@ -46,19 +68,7 @@ def back_to_back_us(fn, *, calls: int = 200, rounds: int = 5) -> float:
     """
     if calls < 1 or rounds < 1:
         raise ValueError(f"need at least one call and one round, got calls={calls}, rounds={rounds}")
-    g = cuda_graph(fn)
-    for _ in range(min(calls, 20)):
-        g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    per_call = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(calls):
-            g.replay()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(per_call)[len(per_call) // 2]
+    return per_call_us(cuda_graph(fn).replay, calls=calls, repeats=rounds, warmup=min(calls, 20))
 
 
 def time_call(fn, *, graph: bool, warmup_ms: float = 25, rep_ms: float = 100) -> float:
