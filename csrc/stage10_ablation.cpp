@@ -105,7 +105,8 @@ void timeline_clear() { C10_CUDA_CHECK(mla::hopper_timeline_clear()); }
 
 #if MLA_HOPPER_MERGE_TIMELINE
 // The global timer's stamps of the last call, in nanoseconds (0 where none):
-// [block of the main kernel][start, end] and [combine block of the first cut unit][event].
+// [block of the main kernel][start, end], [combine block of the first cut unit][event]
+// and [event of block 0's way to its first tile].
 std::vector<at::Tensor> merge_timeline_read(int64_t main_blocks, int64_t merge_blocks, int64_t events,
                                             int64_t block0_events) {
   const auto opts = at::TensorOptions().dtype(at::kLong);
@@ -127,7 +128,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("timeline_clear", &timeline_clear, "zero the stamps");
 #endif
 #if MLA_HOPPER_MERGE_TIMELINE
-  m.def("merge_timeline_read", &merge_timeline_read, "the global timer's stamps of the main blocks and the merge");
+  m.def("merge_timeline_read", &merge_timeline_read, "the global timer's stamps of the main blocks, the merge and block 0's start");
   m.def("merge_timeline_clear", &merge_timeline_clear, "zero them");
 #endif
 }

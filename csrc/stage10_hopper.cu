@@ -422,8 +422,10 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
     same = same && n == tiles0;
   }
   const bool same_tiles = one_stream || __syncthreads_and(same) != 0;  // (one_stream is the same in every thread)
-  int W;
-  const int first = block_exclusive_sum(mine, words, W);  // my run's first tile
+  // One stream: its units all have its tiles, so the sum needs no trip across the block.
+  const int stream_tiles = one_stream ? unit_tiles(p, 0) : 0;
+  int W = sh.units * stream_tiles;
+  const int first = one_stream ? u0 * stream_tiles : block_exclusive_sum(mine, words, W);  // my run's first tile
   C = blocks_with_share(p, sh, W, same_tiles);
   cur.x = share_start(cta, W, C);
   cur.end = share_start(cta + 1, W, C);
@@ -434,10 +436,14 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
     words[kThreads / 32 + 1] = a;
   }
 
-  // Block 0 writes the whole cut down for the combine: each unit's first tile
-  // and the units cut between blocks.  (The condition is the same in every
-  // thread of the block, so its barriers are safe.)
-  if (cta == 0) {
+  // One block writes the whole cut down for the combine: each unit's first
+  // tile and the units cut between blocks.  It takes that block over a
+  // microsecond (on the H200, block 0's global timer: 1.3 us of a 3 us cut), so
+  // it falls to the first block without a share where there is one (a short
+  // call: the blocks with work start their tiles that much sooner), else to
+  // block 0, whose share is never longer than another's.  (The condition is
+  // the same in every thread of the block, so its barriers are safe.)
+  if (cta == (C < (int)gridDim.x ? C : 0)) {
     int* off = p.plan + kPlanHeader;
     int* cut = off + sh.units + 1;
     // A unit is cut when its first and last tiles lie in different shares.
@@ -1175,12 +1181,17 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
                             pack_bf16x2(o[j + 1][4 * i] * inv[2 * i], o[j + 1][4 * i + 1] * inv[2 * i + 1]),
                             pack_bf16x2(o[j + 1][4 * i + 2] * inv[2 * i], o[j + 1][4 * i + 3] * inv[2 * i + 1]));
       named_barrier(bar_id, 128);
+      // Each warp copies whole pairs' rows, 512 bytes a store instruction: the
+      // pair's place in out is worked out once per row, not once per 16 bytes
+      // with a division by the heads each time.
       const unsigned char* staged = smem + kOffQ + group * kQBytes;
-      for (int v = tid; v < n_pairs * (kDimV / 8); v += 128) {
-        const int n = v / (kDimV / 8), x = v % (kDimV / 8);
-        const int pr = pair0 + n, t = pr / p.num_heads, h = pr % p.num_heads;
-        *reinterpret_cast<uint4*>(out_head(p, b, t, h) + 8 * x) =
-            *reinterpret_cast<const uint4*>(staged + n * kStageRowBytes + 16 * x);
+      for (int n = warp; n < n_pairs; n += 4) {
+        const int pr = pair0 + n, t = pr / p.num_heads, h = pr - t * p.num_heads;
+        bf16* dst = out_head(p, b, t, h);
+        const unsigned char* src = staged + n * kStageRowBytes;
+#pragma unroll
+        for (int x = lane; x < kDimV / 8; x += 32)
+          *reinterpret_cast<uint4*>(dst + 8 * x) = *reinterpret_cast<const uint4*>(src + 16 * x);
       }
       // (The next unit's Q^T load starts with a barrier of this warpgroup: nobody overwrites the rows before they are read.)
     } else {
@@ -1916,7 +1927,8 @@ cudaError_t hopper_timeline_clear() {
 
 #if MLA_HOPPER_MERGE_TIMELINE
 // The stamps of the last call (0 where none was written): main_stamps into
-// `main` ([kMaxSplitsHere][2]), merge_stamps into `merge` ([kMergeStampBlocks][kMergeEvents]).
+// `main` ([kMaxSplitsHere][2]), merge_stamps into `merge` ([kMergeStampBlocks][kMergeEvents])
+// and block0_stamps into `block0` ([kBlock0Events]).
 cudaError_t hopper_merge_timeline_read(unsigned long long* main, int main_capacity, unsigned long long* merge,
                                        int merge_capacity, unsigned long long* block0, int block0_capacity) {
   if (main_capacity < kMaxSplitsHere * 2 || merge_capacity < kMergeStampBlocks * kMergeEvents ||

@@ -908,9 +908,8 @@ def hopper_out_staging(pairs: int = _stages.HOPPER_PAIRS_PER_GROUP) -> dict:
                     bank_sets.append(banks)
     copies = []
     vectors = D_V // 8  # 16-byte vectors of a pair's row
-    for step in range(-(-pairs * vectors // 128)):
-        for warp in range(4):
-            lanes = [v for v in (128 * step + 32 * warp + lane for lane in range(32)) if v < pairs * vectors]
-            if lanes:
-                copies.append([(v // vectors, (v // vectors) * row + 16 * (v % vectors)) for v in lanes])
+    for warp in range(4):  # each warp whole pairs' rows: pairs warp, warp + 4, ...; 32 vectors a store
+        for n in range(warp, pairs, 4):
+            for first in range(0, vectors, 32):
+                copies.append([(n, n * row + 16 * x) for x in range(first, min(first + 32, vectors))])
     return {"written": written, "bank_sets": bank_sets, "copies": copies}
