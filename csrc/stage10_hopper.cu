@@ -1680,6 +1680,23 @@ __host__ __device__ constexpr int combine_slices(int num_splits, int units, int6
 __host__ __device__ constexpr int combine_threads(int slices, int units) {
   return slices > 1 && units > 2 && !MLA_HOPPER_WIDE_COMBINE ? kNarrowCombineThreads : kCombineThreads;
 }
+// Where the units are cut into a few pieces each (num_splits at most three
+// times the units), hopper_merge_by_warps_kernel merges them instead: a warp
+// each pair, eight pairs to a block, so that a pair's two or three pieces are
+// one trip of loads.  A block of 256 threads per pair spent its barriers on
+// those few pieces, and with many units its grid took several waves (8 streams
+// of 64 heads: 64 cut units, 5120 blocks at 5 an SM, about 8).  With fewer
+// units a unit has more pieces, which a block per pair loads eight at a time
+// and a warp two, and its grid is a wave or two: there the block per pair is
+// kept (on the H200, the warp per pair was 3 to 16% slower at 8 to 16 units).
+#ifndef MLA_HOPPER_BLOCK_PER_PAIR_MERGE
+#define MLA_HOPPER_BLOCK_PER_PAIR_MERGE 0  // 1: a block per pair everywhere (the build block_per_pair_merge)
+#endif
+constexpr int kPairsPerWarpMergeBlock = kCombineThreads / 32;
+__host__ __device__ constexpr bool combine_by_warps(int num_splits, int units) {
+  return !MLA_HOPPER_BLOCK_PER_PAIR_MERGE && num_splits <= 3 * units;
+}
+static_assert(kPairsPerBlock % kPairsPerWarpMergeBlock == 0, "a unit's pairs fill whole merge blocks");
 
 // A cut unit as the plan lists it, read once by the whole combine block.
 struct CutUnit {
@@ -1779,24 +1796,117 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
   }
 }
 
-__global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
+// One warp merges one pair of a cut unit (`local`, its place among the unit's
+// pairs), the whole 512 dims: a lane holds 16 of them, in four float4 128 dims
+// apart, so that each load of the warp reads 512 contiguous bytes of a piece.
+// A lane first takes the lse of pieces lane, lane + 32, ...; each piece's
+// weight then comes to the whole warp by a shuffle, and two pieces' loads are
+// in flight before either is added.  No barrier and no shared memory.
+__device__ __forceinline__ void combine_pair_by_warp(const MlaParams& p, int local, const CutUnit& cu) {
+  constexpr int kBatch = 2;
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
+  const Shape sh = shape_of(p);
+  const int W = cu.W, C = cu.C, u = cu.u, c0 = cu.c0, pieces = cu.pieces;
+  const int* off = p.plan + kPlanHeader;
+  const int b = u % p.batch, grp = u / p.batch;
+  const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
+  const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
+  const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
+  if (in_group >= n_group) return;  // (the same in the whole warp)
+  const int pr = pair0 + in_group, t = pr / p.num_heads, h = pr % p.num_heads;
+  const bool first_in_slot1 = share_start(c0, W, C) < off[u];  // as in combine_slice
+  auto row_of = [&](int i) { return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local; };
+
+  const float lse0 = lane < pieces ? p.lse_partial[row_of(lane)] : -CUDART_INF_F;
+  float mx = lse0;
+  for (int i = lane + 32; i < pieces; i += 32) mx = fmaxf(mx, p.lse_partial[row_of(i)]);
+  mx = warp_max(mx);
+  MERGE_STAMP(3);
+  float4 acc[4] = {};
+  float weight_sum = 0.f;
+  for (int i0 = 0; i0 < pieces; i0 += 32) {
+    const float l = i0 == 0 ? lse0 : (i0 + lane < pieces ? p.lse_partial[row_of(i0 + lane)] : -CUDART_INF_F);
+    const float wl = l == -CUDART_INF_F ? 0.f : __expf(l - mx);  // an empty piece (or none) weighs nothing
+    weight_sum += wl;
+    const int n = min(32, pieces - i0);
+    for (int j = 0; j < n; j += kBatch) {
+      float wk[kBatch];
+      float4 a[kBatch][4];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        wk[k] = __shfl_sync(kAll, wl, (j + k) % 32);  // (lanes past the last piece hold 0)
+        const float4* src = reinterpret_cast<const float4*>(p.o_partial + row_of(i0 + j + k) * kDimV) + lane;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) a[k][c] = wk[k] != 0.f ? src[32 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          acc[c].x += wk[k] * a[k][c].x; acc[c].y += wk[k] * a[k][c].y;
+          acc[c].z += wk[k] * a[k][c].z; acc[c].w += wk[k] * a[k][c].w;
+        }
+    }
+  }
+  weight_sum = warp_sum(weight_sum);
+  MERGE_STAMP(4);
+  const float inv = 1.f / weight_sum;
+  bf16* dst = out_head(p, b, t, h) + 4 * lane;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    uint2 packed;
+    packed.x = pack_bf16x2(acc[c].x * inv, acc[c].y * inv);
+    packed.y = pack_bf16x2(acc[c].z * inv, acc[c].w * inv);
+    *reinterpret_cast<uint2*>(dst + 128 * c) = packed;
+  }
+  if (lane == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
+}
+
 #if MLA_SM90A
+// Both merge kernels begin alike: wait for the main kernel, then read their
+// cut unit (blockIdx.y) from the plan.  False where the block has none.
+__device__ __forceinline__ bool cut_unit_of_block(const MlaParams& p, CutUnit& cu) {
   MERGE_STAMP(0);
   wait_for_previous_grid();
   MERGE_STAMP(1);
-  if (kCallPart == 1) return;
+  if (kCallPart == 1) return false;
   const int k = blockIdx.y;  // cut unit
   const int n_cut = p.plan[2];
-  if (k >= n_cut) return;  // (the words past the cut list were not written by this call)
+  if (k >= n_cut) return false;  // (the words past the cut list were not written by this call)
   MERGE_STAMP(2);
   const int* cut = p.plan + kPlanHeader + shape_of(p).units + 1 + 3 * k;
-  const CutUnit cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
+  cu = {p.plan[0], p.plan[1], cut[0], cut[1], cut[2] - cut[1] + 1};
+  return true;
+}
+#endif
+
+__global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const MlaParams p) {
+#if MLA_SM90A
+  CutUnit cu;
+  if (!cut_unit_of_block(p, cu)) return;
   if (gridDim.x == kPairsPerBlock)
     combine_slice<1, kCombineThreads>(p, blockIdx.x, 0, cu);
   else if (blockDim.x == kNarrowCombineThreads)
     combine_slice<kManySlices, kNarrowCombineThreads>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
   else
     combine_slice<kManySlices, kCombineThreads>(p, blockIdx.x / kManySlices, blockIdx.x % kManySlices, cu);
+#else
+  __trap();
+#endif
+}
+
+// The merge of whole pairs by warps, a kernel of its own so that its registers
+// and its schedule leave hopper_combine_kernel's as they were: with two pieces
+// in flight (eight float4 a lane) it wants more than the combine's 48, and in
+// one kernel ptxas either gave every merge the larger count or, held to 48,
+// stopped keeping the combine's four pieces in flight.  Held to four blocks of
+// 256 an SM (at most 64 registers), 64 units take little more than a wave.
+__global__ void __launch_bounds__(kCombineThreads, 4) hopper_merge_by_warps_kernel(const MlaParams p) {
+#if MLA_SM90A
+  CutUnit cu;
+  if (!cut_unit_of_block(p, cu)) return;
+  combine_pair_by_warp(p, blockIdx.x * kPairsPerWarpMergeBlock + threadIdx.x / 32, cu);
 #else
   __trap();
 #endif
@@ -1829,11 +1939,24 @@ LaunchGeometry main_geometry(const MlaParams& p) {
 }
 // One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
+// Which of the two merge kernels a call launches: the merge by warps only in
+// an unsliced grid where the units are cut into a few pieces each.
+bool merge_by_warps_10(const MlaParams& p) {
+  const int units = shape_of(p).units;
+  const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
+  return combine_slices(p.num_splits, units, unit_tiles_bound) == 1 && combine_by_warps(p.num_splits, units);
+}
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
+  if (merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: the merge by warps is
   const int units = shape_of(p).units;
   const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
   const int slices = combine_slices(p.num_splits, units, unit_tiles_bound);
   return {dim3(kPairsPerBlock * slices, std::min(p.num_splits, units)), dim3(combine_threads(slices, units)), 0};
+}
+LaunchGeometry merge_by_warps_geometry_10(const MlaParams& p) {
+  if (!merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_combine_kernel is
+  return {dim3(kPairsPerBlock / kPairsPerWarpMergeBlock, std::min(p.num_splits, shape_of(p).units)),
+          dim3(kCombineThreads), 0};
 }
 
 // The cache's tensor map for this call, or box_keys = 0 where TMA cannot read
@@ -1908,7 +2031,9 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
   // from those (this cost 5 us at one stream of 16384 keys).
-  if (err == cudaSuccess && kCallPart != 3) err = launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
+  if (err == cudaSuccess && kCallPart != 3)
+    err = merge_by_warps_10(q) ? launch(hopper_merge_by_warps_kernel, merge_by_warps_geometry_10(q), stream, pdl, q)
+                               : launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
   return err;
 }
 
@@ -1955,6 +2080,8 @@ int hopper_kernels(const KernelHandle** handles) {
       {"hopper_rows_kernel", (const void*)hopper_rows_kernel, kThreads, main_geometry},
 #endif
       {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
+      {"hopper_merge_by_warps_kernel", (const void*)hopper_merge_by_warps_kernel, kCombineThreads,
+       merge_by_warps_geometry_10},
   };
   *handles = kernels;
   return int(std::size(kernels));

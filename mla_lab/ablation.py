@@ -66,7 +66,7 @@ kernel once the scheduler has cut the work (the combine still runs);
 which is right only where no unit is cut; ``no_q`` does all of the op's work
 except copying the units' ``Q`` (its answers are wrong: it is for timing only).
 
-Two builds keep a part of the op as it was first written, so that a chapter
+Three builds keep a part of the op as it was first written, so that a chapter
 can time what its change was worth; their answers are right.  ``direct_out``
 (``-DMLA_HOPPER_DIRECT_OUT=1``) stores a whole unit's bf16 rows straight from
 the ``wgmma`` fragments, half a sector at a time, where the op stages them in
@@ -74,6 +74,10 @@ shared memory and writes whole lines.  ``wide_combine``
 (``-DMLA_HOPPER_WIDE_COMBINE=1``) launches every block of the merge with 256
 threads, where the op narrows the blocks of a sliced grid of more than two
 units to 128 so that the grid fits in one wave or close to it.
+``block_per_pair_merge`` (``-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1``) merges
+every whole pair with a block of its own, where the op has one warp merge
+each pair when the units are cut into a few pieces each (``num_splits`` at
+most three times the units: many units, as at 8 streams of 64 heads).
 
 ``merge_timeline`` (``-DMLA_HOPPER_MERGE_TIMELINE=1``) does all of the op's
 work and reads the GPU's global timer at the start and end of each block of
@@ -119,6 +123,9 @@ DIRECT_OUT = "direct_out"
 # Every block of the merge of 256 threads, as first written (-DMLA_HOPPER_WIDE_COMBINE=1): the op narrows the blocks
 # of a sliced grid of more than two units to 128 threads.
 WIDE_COMBINE = "wide_combine"
+# A block of the merge for each pair wherever pairs are merged whole, as first written
+# (-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1): the op merges a pair with one warp where units are cut into a few pieces.
+BLOCK_PER_PAIR_MERGE = "block_per_pair_merge"
 # The op with the GPU's global timer read at the start and end of each main block and at MERGE_EVENTS points of each
 # merge block of the first cut unit (-DMLA_HOPPER_MERGE_TIMELINE=1): merge_timeline() reads them.
 MERGE_TIMELINE = "merge_timeline"
@@ -133,6 +140,7 @@ BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
+          BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
           MERGE_TIMELINE: ["-DMLA_HOPPER_MERGE_TIMELINE=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],

@@ -127,12 +127,16 @@ class Stage:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            main, combine = HOPPER_KERNELS
+            main, combine, by_warps_kernel = HOPPER_KERNELS
             units = streams * hopper_groups(q_len, heads)
             slices = hopper_combine_slices(splits, units, -(-max_pages * page_size // HOPPER_KEYS_PER_TILE))
-            return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES),
-                    Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
-                           (hopper_combine_threads(slices, units), 1, 1), 0)]
+            if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
+                merge = Launch(by_warps_kernel, (HOPPER_PAIRS_PER_BLOCK // HOPPER_PAIRS_PER_WARP_MERGE_BLOCK,
+                                                 min(splits, units), 1), (HOPPER_COMBINE_THREADS, 1, 1), 0)
+            else:
+                merge = Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
+                               (hopper_combine_threads(slices, units), 1, 1), 0)
+            return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), merge]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -164,12 +168,21 @@ def hopper_combine_threads(slices: int, units: int) -> int:
     return HOPPER_NARROW_COMBINE_THREADS if slices > 1 and units > 2 else HOPPER_COMBINE_THREADS
 
 
+def hopper_combine_by_warps(splits: int, units: int) -> bool:
+    """Whether stage 10 merges each pair of a cut unit with one warp, eight pairs to a block, in
+    hopper_merge_by_warps_kernel (combine_by_warps; in a grid that is not sliced): where the units are cut into a
+    few pieces each, ``splits`` at most three times the units. Else hopper_combine_kernel gives a pair a block
+    of its own (or four, in a sliced grid)."""
+    return splits <= 3 * units
+
+
 def hopper_groups(q_len: int, heads: int) -> int:
     """Stage 10's pair groups per stream: its (row, head) pairs in blocks of at most 80."""
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
-HOPPER_KERNELS = ("hopper_kernel", "hopper_combine_kernel")
+# The main kernel and the two merges, one of which a call launches (hopper_combine_by_warps says which).
+HOPPER_KERNELS = ("hopper_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups
 HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
@@ -177,6 +190,7 @@ HOPPER_KEYS_PER_TILE = 64
 HOPPER_RING_CHUNKS = 15
 HOPPER_COMBINE_THREADS = 256
 HOPPER_NARROW_COMBINE_THREADS = 128
+HOPPER_PAIRS_PER_WARP_MERGE_BLOCK = HOPPER_COMBINE_THREADS // 32  # a warp a pair, where hopper_combine_by_warps
 HOPPER_MIN_TILES_PER_BLOCK = 1
 HOPPER_ALIGNED_SHARE_TILES = 8  # below this many tiles per block, equal units are cut at whole pieces (kAlignedShareTiles)
 HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            # the ring

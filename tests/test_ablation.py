@@ -453,6 +453,31 @@ def test_the_narrow_merge_and_wide_combine_both_compute_what_the_reference_does(
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
+@pytest.mark.parametrize("problem,splits", [
+    (Problem(streams=8, q_len=9, heads=64, prefix=1024, page_size=64), None),                # 64 units of 2 pieces
+    (Problem(streams=4, q_len=16, heads=128, prefix=(1500, 77, 4000, 9), page_size=64), 37),  # 104 units, odd splits
+    (Problem(streams=6, q_len=3, heads=40, prefix=(900, 2, 3000, 17, 640, 1), page_size=1), 18),  # a partial group
+    (Problem(streams=3, q_len=1, heads=1, prefix=(100, 5000, 1), page_size=16), 3),          # one pair a unit
+], ids=lambda x: x.label() if isinstance(x, Problem) else str(x))
+def test_the_merge_by_warps_and_a_block_per_pair_both_compute_what_the_reference_does(problem, splits):
+    """Where the units are cut into a few pieces each, the op merges a pair with one warp; the build
+    block_per_pair_merge keeps a block a pair. Both against the reference, eagerly and in a graph."""
+    from mla_lab import ops, stages
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=37, poison=True)
+    ref = reference_attention(*w.args(), check=False)
+    ns = splits or torch.cuda.get_device_properties(0).multi_processor_count
+    units = problem.streams * stages.hopper_groups(problem.q_len, problem.heads)
+    assert stages.hopper_combine_by_warps(ns, units)
+    for call in (ops.runner("hopper", w, num_splits=splits), ablation.runner(ablation.BLOCK_PER_PAIR_MERGE, w, num_splits=splits)):
+        _right(call, ref)
+        _right_again_in_a_graph(call, ref)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
 def test_the_merge_timeline_stamps_in_order_and_its_answers_are_right():
     import numpy as np
 

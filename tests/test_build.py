@@ -222,6 +222,7 @@ SHAPES = [
     (7, 2, 128, 13, 16, 1),
     (8, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 8 units, in blocks of 128 threads
     (2, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 2 units, in blocks of 256
+    (8, 9, 64, 17, 64, 132),  # hopper: 64 units of a few pieces, merged by warps
 ]
 
 

@@ -296,6 +296,24 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 2, 1) and comb.block == (256, 1, 1)
     (_, comb) = hop.launches(3, 9, 8, 1025, 64, 132)
     assert comb.block == (128, 1, 1)
+    # many units, each cut into a few pieces (8 streams of 64 heads: 64 units): a warp a pair, 8 pairs a block
+    assert re.search(r"return !MLA_HOPPER_BLOCK_PER_PAIR_MERGE && num_splits <= 3 \* units;", src)
+    assert re.search(rf"constexpr int kPairsPerWarpMergeBlock = kCombineThreads / 32;", src)
+    assert stages.HOPPER_PAIRS_PER_WARP_MERGE_BLOCK == stages.HOPPER_COMBINE_THREADS // 32
+    w = stages.hopper_combine_by_warps
+    assert w(132, 64) and w(132, 44) and not w(132, 43) and not w(132, 16) and w(7, 3)
+    (_, merge) = hop.launches(8, 9, 64, 18, 64, 132)
+    assert merge.kernel == "hopper_merge_by_warps_kernel"
+    assert merge.grid == (stages.HOPPER_PAIRS_PER_BLOCK // 8, 64, 1) and merge.block == (256, 1, 1)
+    (_, comb) = hop.launches(8, 16, 8, 18, 64, 132)  # 16 units: a block a pair
+    assert comb.kernel == "hopper_combine_kernel" and comb.grid == (stages.HOPPER_PAIRS_PER_BLOCK, 16, 1)
+    (_, merge) = hop.launches(1, 9, 8, 1, 64, 2)  # a caller's two blocks: one unit in two pieces, by warps
+    assert merge.kernel == "hopper_merge_by_warps_kernel" and merge.grid == (10, 1, 1)
+    (_, comb) = hop.launches(1, 9, 8, 1, 64, 132)  # the same call on every SM: a sliced grid
+    assert comb.kernel == "hopper_combine_kernel" and comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 1, 1)
+    assert re.search(r"return combine_slices\(p\.num_splits, units, unit_tiles_bound\) == 1 && "
+                     r"combine_by_warps\(p\.num_splits, units\);", src)
+    assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
 
 
 def test_the_combine_block_rule_matches_the_kernel():
