@@ -347,7 +347,6 @@ py::list launch_geometry(const std::string& stage, int64_t B, int64_t T, int64_t
   py::list out;
   for (const KernelHandle& k : stage_kernels(st)) {
     const LaunchGeometry g = k.geometry(p);
-    if (g.grid.x == 0) continue;  // a kernel this shape does not launch (stage 10 launches one of its two merges)
     py::dict d;
     d["kernel"] = std::string(k.name);
     d["grid"] = py::make_tuple(g.grid.x, g.grid.y, g.grid.z);

@@ -230,7 +230,10 @@ SHAPES = [
 def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
-        cpp = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
+        # Stage 10 has two merge kernels and launches one: the other's geometry is a grid of 0 blocks.
+        every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
+        assert sum(c["grid"][0] == 0 for c in every) == (1 if st.persistent else 0), st.id
+        cpp = [c for c in every if c["grid"][0] > 0]
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
         assert len(cpp) == len(py) == (2 if st.persistent or st.splits else 1), st.id
         for c, p in zip(cpp, py):
