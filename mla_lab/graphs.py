@@ -52,7 +52,7 @@ import torch
 from . import ops, stages
 from .problem import Problem, make_workload
 from .results import RESULTS, gpu_slug
-from .timing import _events_us, per_call_us
+from .timing import events_us, per_call_us
 
 GRAPHS = RESULTS / "graphs"
 Q_LEN, HEADS = 9, 8
@@ -75,7 +75,7 @@ def adaptive_per_call_us(fn, budget_s: float = 0.3, most: int = 50, repeats: int
     """:func:`per_call_us` for calls of any length: as many calls as fit ``budget_s`` (at least 2)."""
     fn()
     torch.cuda.synchronize()
-    once = _events_us(fn, 1)
+    once = events_us(fn, 1)
     n = max(2, min(most, int(budget_s * 1e6 / max(once, 1.0))))
     return per_call_us(fn, calls=n, repeats=repeats, warmup=1)
 
@@ -103,7 +103,7 @@ def _sleep_cycles_per_us() -> float:
         torch.cuda._sleep(1000)
         torch.cuda.synchronize()
         n = 2_000_000
-        us = statistics.median(_events_us(lambda: torch.cuda._sleep(n), 1) for _ in range(3))
+        us = statistics.median(events_us(lambda: torch.cuda._sleep(n), 1) for _ in range(3))
         _CYCLES_PER_US.append(n / us)
     return _CYCLES_PER_US[0]
 

@@ -40,7 +40,8 @@ def median_us(fn, *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return 1e3 * do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def _events_us(fn, n: int) -> float:
+def events_us(fn, n: int) -> float:
+    """Microseconds per call of ``n`` calls of ``fn`` issued back to back, between two CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n):
@@ -55,7 +56,7 @@ def per_call_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> floa
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    return statistics.median(_events_us(fn, calls) for _ in range(repeats))
+    return statistics.median(events_us(fn, calls) for _ in range(repeats))
 
 
 def back_to_back_us(fn, *, calls: int = 200, rounds: int = 5) -> float:

@@ -298,7 +298,7 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert comb.block == (128, 1, 1)
     # many units, each cut into a few pieces (8 streams of 64 heads: 64 units): a warp a pair, 8 pairs a block
     assert re.search(r"return !MLA_HOPPER_BLOCK_PER_PAIR_MERGE && num_splits <= 3 \* units;", src)
-    assert re.search(rf"constexpr int kPairsPerWarpMergeBlock = kCombineThreads / 32;", src)
+    assert "constexpr int kPairsPerWarpMergeBlock = kCombineThreads / 32;" in src
     assert stages.HOPPER_PAIRS_PER_WARP_MERGE_BLOCK == stages.HOPPER_COMBINE_THREADS // 32
     w = stages.hopper_combine_by_warps
     assert w(132, 64) and w(132, 44) and not w(132, 43) and not w(132, 16) and w(7, 3)
