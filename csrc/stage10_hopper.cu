@@ -1705,25 +1705,42 @@ struct CutUnit {
   int pieces;
 };
 
+// Which pair a merge's place `local` among cut unit u's pairs stands for: its
+// stream b, draft row t and head h; false past the unit's pairs.
+__device__ __forceinline__ bool merged_pair(const MlaParams& p, int local, int u, int& b, int& t, int& h) {
+  const Shape sh = shape_of(p);
+  const int grp = u / p.batch;
+  const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
+  const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
+  const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
+  if (in_group >= n_group) return false;
+  const int pr = pair0 + in_group;
+  b = u % p.batch, t = pr / p.num_heads, h = pr % p.num_heads;
+  return true;
+}
+
+// The partial row of each piece of that pair.  Piece i came from block c0 + i,
+// which wrote it to slot 1 if the unit was not the first of its share (only
+// the first block can be in that case).
+struct PieceRows {
+  int c0, local;
+  bool first_in_slot1;
+  __device__ __forceinline__ PieceRows(const MlaParams& p, const CutUnit& cu, int local)
+      : c0(cu.c0), local(local), first_in_slot1(share_start(cu.c0, cu.W, cu.C) < p.plan[kPlanHeader + cu.u]) {}
+  __device__ __forceinline__ int64_t operator()(int i) const {
+    return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local;
+  }
+};
+
 template <int kSlices, int kBlockThreads>
 __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int slice, const CutUnit& cu) {
   constexpr int kCols = kDimV / kSlices / 4;          // float4 columns of a slice: 32 or 128
   constexpr int kRows = kBlockThreads / kCols;        // pieces added side by side: 8, 4 or 2
   constexpr int kLsePerThread = (kMaxSplitsHere + kBlockThreads - 1) / kBlockThreads;  // 1 or 2
-  const int tid = threadIdx.x;
-  const Shape sh = shape_of(p);
-  const int W = cu.W, C = cu.C, u = cu.u, c0 = cu.c0, pieces = cu.pieces;
-  const int* off = p.plan + kPlanHeader;
-  const int b = u % p.batch, grp = u / p.batch;
-  const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
-  const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
-  const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
-  if (in_group >= n_group) return;
-  const int pr = pair0 + in_group, t = pr / p.num_heads, h = pr % p.num_heads;
-  // Piece i came from block c0 + i, which wrote it to slot 1 if the unit was
-  // not the first of its share (only the first block can be in that case).
-  const bool first_in_slot1 = share_start(c0, W, C) < off[u];
-  auto row_of = [&](int i) { return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local; };
+  const int tid = threadIdx.x, pieces = cu.pieces;
+  int b, t, h;
+  if (!merged_pair(p, local, cu.u, b, t, h)) return;
+  const PieceRows row_of(p, cu, local);
 
   __shared__ float weight[kMaxSplitsHere];
   __shared__ float4 part[kRows - 1][kCols];
@@ -1805,18 +1822,10 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 __device__ __forceinline__ void combine_pair_by_warp(const MlaParams& p, int local, const CutUnit& cu) {
   constexpr int kBatch = 2;
   constexpr unsigned kAll = 0xffffffffu;
-  const int lane = threadIdx.x % 32;
-  const Shape sh = shape_of(p);
-  const int W = cu.W, C = cu.C, u = cu.u, c0 = cu.c0, pieces = cu.pieces;
-  const int* off = p.plan + kPlanHeader;
-  const int b = u % p.batch, grp = u / p.batch;
-  const int group = local / kPairsPerGroup, in_group = local % kPairsPerGroup;
-  const int pair0 = grp * sh.per_group + group * kPairsPerGroup;
-  const int n_group = max(0, min(kPairsPerGroup, min(sh.per_group - group * kPairsPerGroup, sh.pairs - pair0)));
-  if (in_group >= n_group) return;  // (the same in the whole warp)
-  const int pr = pair0 + in_group, t = pr / p.num_heads, h = pr % p.num_heads;
-  const bool first_in_slot1 = share_start(c0, W, C) < off[u];  // as in combine_slice
-  auto row_of = [&](int i) { return ((int64_t)(c0 + i) * 2 + (i == 0 && first_in_slot1)) * kPairsPerBlock + local; };
+  const int lane = threadIdx.x % 32, pieces = cu.pieces;
+  int b, t, h;
+  if (!merged_pair(p, local, cu.u, b, t, h)) return;  // (the same in the whole warp)
+  const PieceRows row_of(p, cu, local);
 
   const float lse0 = lane < pieces ? p.lse_partial[row_of(lane)] : -CUDART_INF_F;
   float mx = lse0;

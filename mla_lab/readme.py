@@ -1,4 +1,5 @@
-"""The README's stage table, generated from the registry and the recorded results.
+"""The README's stage table, and its table of stage 10 beside FlashMLA, generated from the registry
+and the recorded results.
 
     python -m mla_lab.readme          # rewrite the table in README.md
     python -m mla_lab.readme --check  # exit 1 if README.md is out of date (the tests run this)
@@ -10,6 +11,7 @@ import sys
 
 from . import results as _results
 from . import stages
+from .results import CONFIG_KEYS
 from .extension import ROOT
 
 README = ROOT / "README.md"
@@ -19,10 +21,13 @@ GRAPHS_BEGIN, GRAPHS_END = "<!-- graphs-table:begin -->", "<!-- graphs-table:end
 COLUMNS = ((1, 9, 8, 16384), (1, 9, 8, 65536), (1, 9, 64, 16384))
 
 
-def table() -> str:
+def _recorded():
     h200 = _results.RESULTS / "h200.json"
-    rec = _results.load(h200) if h200.exists() \
-        else _results.load()
+    return _results.load(h200) if h200.exists() else _results.load()
+
+
+def table() -> str:
+    rec = _recorded()
     head = ["#", "stage", "chapter", "what it adds", "threads", "smem/block"]
     head += [f"H{h} prefix {p // 1024}k µs" for _, _, h, p in COLUMNS]
     head += ["vs Triton (H8 16k)"]
@@ -69,6 +74,64 @@ def table() -> str:
     return "\n".join(lines)
 
 
+PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
+OURS, PEER = "hopper", "flashmla"
+# The shapes chapter 10's targets are set on; every other shape a peer run measured is "beyond" them.
+PEER_GRID = dict(streams=(1, 8), q_len=(9, 16), heads=(8, 64), prefix=(1024, 4096, 16384, 65536))
+
+
+def peer_pairs(rec) -> list[tuple[dict, dict]]:
+    """(stage 10, FlashMLA) records of one configuration, taken in the same run."""
+    pairs = []
+    for peer in rec.select(stage=PEER):
+        ours = rec.get(OURS, **{k: peer[k] for k in CONFIG_KEYS})
+        if ours is None or ours["run"] != peer["run"] or ours.get("unsupported") or peer.get("unsupported"):
+            continue
+        pairs.append((ours, peer))
+    def order(pair):
+        r = pair[0]
+        prefix = (0, r["prefix"], "") if isinstance(r["prefix"], int) else (1, 0, str(r["prefix"]))
+        return (r["streams"], r["q_len"], r["heads"], r["page_size"]) + prefix
+
+    return sorted(pairs, key=order)
+
+
+def on_peer_grid(r: dict) -> bool:
+    return all(r[k] in values for k, values in PEER_GRID.items())
+
+
+def peers_table(rec=None) -> str:
+    """Stage 10 beside FlashMLA at every configuration a run measured both: chapter 10's grid, then the rest."""
+    rec = rec if rec is not None else _recorded()
+    pairs = peer_pairs(rec) if rec else []
+    if not pairs:
+        return "No run with FlashMLA recorded yet: run `mla-lab bench --peers` on an sm_90 GPU (above)."
+    lines = []
+    for title, part in (("Chapter 10's grid, the shapes its targets name",
+                         [pair for pair in pairs if on_peer_grid(pair[0])]),
+                        ("Beyond that grid", [pair for pair in pairs if not on_peer_grid(pair[0])])):
+        if not part:
+            continue
+        wins = sum(ours["us_graph"] <= peer["us_graph"] for ours, peer in part)
+        lines += [f"{title}: `{OURS}` takes at most FlashMLA's time at {wins} of {len(part)} shapes.", "",
+                  "| streams | q_len | heads | prefix | page | hopper µs | FlashMLA µs | hopper / FlashMLA "
+                  "| hopper, % of floor | FlashMLA, % of floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for ours, peer in part:
+            lines.append(f"| {ours['streams']} | {ours['q_len']} | {ours['heads']} | {ours['prefix']} | "
+                         f"{ours['page_size']} | {ours['us_graph']:.1f} | {peer['us_graph']:.1f} | "
+                         f"{ours['us_graph'] / peer['us_graph']:.2f} | {100 * ours['floor_us'] / ours['us_graph']:.0f}% | "
+                         f"{100 * peer['floor_us'] / peer['us_graph']:.0f}% |")
+        lines.append("")
+    runs = [rec.runs[i] for i in sorted({ours["run"] for ours, _ in pairs})]
+    described = "; ".join(f"{run['date'][:10]}, `{run['command']}` at commit {run.get('commit') or '?'}"
+                          f" (FlashMLA {(run.get('flash_mla') or {}).get('commit') or '?'})" for run in runs)
+    lines.append(f"Recorded on {rec.gpu}, both kernels in the same run: {described}. CUDA-graph replay, median, "
+                 "L2 flushed; the floor is the run's roofline floor (the bytes at its measured copy rate or the "
+                 "FLOPs at its measured bf16 matrix rate, whichever takes longer).")
+    return "\n".join(lines)
+
+
 TRUST_BEGIN, TRUST_END = "<!-- trust:begin -->", "<!-- trust:end -->"
 
 
@@ -80,6 +143,9 @@ def render(text: str) -> str:
 
         a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
         text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
+    if PEERS_BEGIN in text:  # stage 10 beside FlashMLA, from the recorded `mla-lab bench --peers` runs
+        a, b = text.index(PEERS_BEGIN) + len(PEERS_BEGIN), text.index(PEERS_END)
+        text = text[:a] + "\n" + peers_table() + "\n" + text[b:]
     if GRAPHS_BEGIN in text:  # end to end: from the recorded `mla-lab graphs` (mla_lab/graphs.py)
         from .graphs import readme_section as graphs_section
 
