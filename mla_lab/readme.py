@@ -88,6 +88,7 @@ def peer_pairs(rec) -> list[tuple[dict, dict]]:
         if ours is None or ours["run"] != peer["run"] or ours.get("unsupported") or peer.get("unsupported"):
             continue
         pairs.append((ours, peer))
+
     def order(pair):
         r = pair[0]
         prefix = (0, r["prefix"], "") if isinstance(r["prefix"], int) else (1, 0, str(r["prefix"]))
