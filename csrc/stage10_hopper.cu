@@ -1643,7 +1643,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // A block merges a slice of the dims of one pair of one cut unit: its 256
 // threads first turn each piece's lse into a weight (one piece per thread),
 // then split into rows that each add every so-many-th piece, a thread holding
-// four dims, with eight loads in flight, and shared memory adds the rows.
+// four dims, with four loads in flight, and shared memory adds the rows (in the
+// merges' one order, kMergeRows, whatever the rows of threads).
 // A unit cut into many pieces (one stream at 8 heads: a piece per block of
 // the grid, up to 256) is merged in four slices of 128 dims, which puts four
 // times as many SMs on its reads (12 -> 8.5 us at 129 pieces); units cut into
@@ -1654,14 +1655,16 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // block table's width bounds a unit's pieces, which is how the host sees that
 // case.  (Choosing again in the kernel, per cut unit, was tried: a branch that a
 // call with nothing cut never took still cost one-stream calls 1 to 3 us.)
-// A sliced grid is 320 blocks a unit.  ptxas gives this kernel 48 registers, so
+// A sliced grid is 320 blocks a unit.  ptxas gave this kernel 48 registers, so
 // five blocks of 256 threads fit on an SM: past two units (960 blocks) the grid
 // needs a second wave on the H200's 132 SMs.  There its blocks are of 128
 // threads, ten to an SM, each adding its pieces in four rows instead of eight:
 // on the H200, 8 streams of 4096 keys at 8 heads 45.0 -> 41.1 us, 4 streams of
 // 2000 at 16 heads 34.2 -> 30.0, one stream of 4096 at 64 heads 41.7 -> 37.6.
 // One stream keeps 256 (a unit of up to 132 pieces: 128 threads cost 12% at
-// 16384 keys), and so does the grid of one block a pair.
+// 16384 keys), and so does the grid of one block a pair.  (Since every merge
+// sums in one order, kMergeRows, the kernel takes 58 registers and four blocks
+// of 256 an SM: the narrow blocks were chosen at 48.)
 constexpr int kCombineThreads = 256;
 constexpr int kNarrowCombineThreads = 128;
 constexpr int kManySlices = 4;
@@ -1705,6 +1708,21 @@ struct CutUnit {
   int pieces;
 };
 
+// The order of a merge's sums, the same in every merge of this file whatever
+// its grid, so that a pair's answer does not depend on which merge ran it (the
+// host picks one from the call's shape, which padding a batch to a captured
+// bucket changes): the pieces fall into kMergeRows rows, piece i into row
+// i % kMergeRows; a row adds its pieces' weighted partials in the order of the
+// pieces, a fused multiply-add each, from zero; the rows are then added one
+// after another, row 0 first.  The weights are summed the same way.
+constexpr int kMergeRows = 8;
+__device__ __forceinline__ void merge_add(float4& acc, float w, const float4& a) {
+  acc.x = fmaf(w, a.x, acc.x); acc.y = fmaf(w, a.y, acc.y); acc.z = fmaf(w, a.z, acc.z); acc.w = fmaf(w, a.w, acc.w);
+}
+__device__ __forceinline__ float4 merge_rows(const float4& s, const float4& a) {
+  return make_float4(__fadd_rn(s.x, a.x), __fadd_rn(s.y, a.y), __fadd_rn(s.z, a.z), __fadd_rn(s.w, a.w));
+}
+
 // Which pair a merge's place `local` among cut unit u's pairs stands for: its
 // stream b, draft row t and head h; false past the unit's pairs.
 __device__ __forceinline__ bool merged_pair(const MlaParams& p, int local, int u, int& b, int& t, int& h) {
@@ -1742,8 +1760,10 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
   if (!merged_pair(p, local, cu.u, b, t, h)) return;
   const PieceRows row_of(p, cu, local);
 
+  constexpr int kPer = kMergeRows / kRows;           // the order's rows each row of threads adds: 1, 2 or 4
   __shared__ float weight[kMaxSplitsHere];
-  __shared__ float4 part[kRows - 1][kCols];
+  __shared__ float4 part[kMergeRows - kPer][kCols];  // the order's rows that row 0 of threads does not hold
+  __shared__ float part_weight[kMergeRows];
   float ls[kLsePerThread];
   float ls_max = -CUDART_INF_F;
 #pragma unroll
@@ -1752,21 +1772,21 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
     ls[j] = i < pieces ? p.lse_partial[row_of(i)] : -CUDART_INF_F;
     ls_max = fmaxf(ls_max, ls[j]);
   }
-  const float mx = block_max<kBlockThreads>(ls_max);
-  float w = 0.f;
+  const float mx = block_max<kBlockThreads>(ls_max);  // (a maximum is the same in any order)
 #pragma unroll
   for (int j = 0; j < kLsePerThread; ++j) {
     const int i = tid + j * kBlockThreads;
-    const float wj = ls[j] == -CUDART_INF_F ? 0.f : __expf(ls[j] - mx);  // an empty piece weighs nothing
-    if (i < pieces) weight[i] = wj;
-    w += wj;
+    if (i < pieces) weight[i] = ls[j] == -CUDART_INF_F ? 0.f : __expf(ls[j] - mx);  // an empty piece weighs nothing
   }
-  const float weight_sum = block_sum<kBlockThreads>(w);  // its barriers also publish weight[]
+  __syncthreads();  // weight[] published
   MERGE_STAMP(3);
 
   const int row = tid / kCols, col = tid % kCols;
   const int dim0 = slice * (kDimV / kSlices) + 4 * col;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Row `row` of threads adds the order's rows row, row + kRows, ...: piece i
+  // of this thread's loop below belongs to the order's row i % kMergeRows.
+  float4 acc[kPer] = {};
+  float wsum[kPer] = {};
   // kBatch pieces are loaded before any of them is added, so that their trips
   // to L2 overlap.  (Loaded and added one at a time, behind a branch on the
   // weight, each load waited for the one before: at 132 pieces, 17 round trips
@@ -1779,6 +1799,7 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
   // run fewer blocks at once and lose 4 to 8%; a prefetch of every piece into
   // L1 before the loop was slower everywhere.
   constexpr int kBatch = 4;
+  static_assert(kBatch % kPer == 0 && kBatch * kRows % kMergeRows == 0, "a batch keeps every piece in its order's row");
   for (int i0 = row; i0 < pieces; i0 += kBatch * kRows) {
     float wk[kBatch];
     float4 a[kBatch];
@@ -1792,22 +1813,31 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
       if (wk[k] != 0.f) {
-        acc.x += wk[k] * a[k].x; acc.y += wk[k] * a[k].y; acc.z += wk[k] * a[k].z; acc.w += wk[k] * a[k].w;
+        merge_add(acc[k % kPer], wk[k], a[k]);
+        wsum[k % kPer] += wk[k];
       }
   }
-  if (row > 0) part[row - 1][col] = acc;
+  // Row 0 of threads holds the order's rows 0, kRows, ...; the others go through shared memory.
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    if (row > 0) part[(row - 1) * kPer + q][col] = acc[q];
+    if (col == 0) part_weight[row + q * kRows] = wsum[q];
+  }
   __syncthreads();
   MERGE_STAMP(4);
   if (row == 0) {
+    float4 sum = acc[0];
+    float weight_sum = part_weight[0];
 #pragma unroll
-    for (int q = 0; q < kRows - 1; ++q) {
-      const float4 a = part[q][col];
-      acc.x += a.x; acc.y += a.y; acc.z += a.z; acc.w += a.w;
+    for (int r = 1; r < kMergeRows; ++r) {  // the order's rows, one after another
+      const float4 a = r % kRows == 0 ? acc[r / kRows] : part[(r % kRows - 1) * kPer + r / kRows][col];
+      sum = merge_rows(sum, a);
+      weight_sum = __fadd_rn(weight_sum, part_weight[r]);
     }
     const float inv = 1.f / weight_sum;
     uint2 packed;
-    packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-    packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+    packed.x = pack_bf16x2(sum.x * inv, sum.y * inv);
+    packed.y = pack_bf16x2(sum.z * inv, sum.w * inv);
     *reinterpret_cast<uint2*>(out_head(p, b, t, h) + dim0) = packed;
     if (slice == 0 && col == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
   }
@@ -1816,12 +1846,12 @@ __device__ __forceinline__ void combine_slice(const MlaParams& p, int local, int
 // One warp merges one pair of a cut unit (`local`, its place among the unit's
 // pairs), the whole 512 dims: a lane holds 16 of them, in four float4 128 dims
 // apart, so that each load of the warp reads 512 contiguous bytes of a piece.
-// A lane first takes the lse of pieces lane, lane + 32, ...; each piece's
-// weight then comes to the whole warp by a shuffle, and two pieces' loads are
-// in flight before either is added.  No barrier and no shared memory.
-__device__ __forceinline__ void combine_pair_by_warp(const MlaParams& p, int local, const CutUnit& cu) {
+// A lane first takes the lse of pieces lane, lane + 32, ...; their weights go
+// to the warp's own row of `weight` in shared memory, which every lane then
+// reads as it adds the pieces in the merges' one order.  No block barrier.
+__device__ __forceinline__ void combine_pair_by_warp(const MlaParams& p, int local, const CutUnit& cu,
+                                                     float* weight) {
   constexpr int kBatch = 2;
-  constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x % 32, pieces = cu.pieces;
   int b, t, h;
   if (!merged_pair(p, local, cu.u, b, t, h)) return;  // (the same in the whole warp)
@@ -1831,42 +1861,65 @@ __device__ __forceinline__ void combine_pair_by_warp(const MlaParams& p, int loc
   float mx = lse0;
   for (int i = lane + 32; i < pieces; i += 32) mx = fmaxf(mx, p.lse_partial[row_of(i)]);
   mx = warp_max(mx);
+  for (int i = lane; i < pieces; i += 32) {  // (lse0 again for the first 32: the same value)
+    const float l = i == lane ? lse0 : p.lse_partial[row_of(i)];
+    weight[i] = l == -CUDART_INF_F ? 0.f : __expf(l - mx);  // an empty piece weighs nothing
+  }
+  __syncwarp();
   MERGE_STAMP(3);
-  float4 acc[4] = {};
+  // In the order of the merges (kMergeRows): with at most kMergeRows pieces a
+  // row holds one piece, and the order is piece after piece, each product
+  // rounded and then added, two pieces' loads in flight before either is
+  // added; with more, row after row.
+  const float4* base = reinterpret_cast<const float4*>(p.o_partial) + lane;
+  float4 sum[4] = {};
   float weight_sum = 0.f;
-  for (int i0 = 0; i0 < pieces; i0 += 32) {
-    const float l = i0 == 0 ? lse0 : (i0 + lane < pieces ? p.lse_partial[row_of(i0 + lane)] : -CUDART_INF_F);
-    const float wl = l == -CUDART_INF_F ? 0.f : __expf(l - mx);  // an empty piece (or none) weighs nothing
-    weight_sum += wl;
-    const int n = min(32, pieces - i0);
-    for (int j = 0; j < n; j += kBatch) {
+  if (pieces <= kMergeRows) {
+    for (int j = 0; j < pieces; j += kBatch) {
       float wk[kBatch];
       float4 a[kBatch][4];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        wk[k] = __shfl_sync(kAll, wl, (j + k) % 32);  // (lanes past the last piece hold 0)
-        const float4* src = reinterpret_cast<const float4*>(p.o_partial + row_of(i0 + j + k) * kDimV) + lane;
+        wk[k] = j + k < pieces ? weight[j + k] : 0.f;
+        const float4* src = base + row_of(j + k) * (kDimV / 4);
 #pragma unroll
         for (int c = 0; c < 4; ++c) a[k][c] = wk[k] != 0.f ? src[32 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k)
+        if (wk[k] != 0.f) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          acc[c].x += wk[k] * a[k][c].x; acc[c].y += wk[k] * a[k][c].y;
-          acc[c].z += wk[k] * a[k][c].z; acc[c].w += wk[k] * a[k][c].w;
+          for (int c = 0; c < 4; ++c)  // a row of one piece is its product, rounded
+            sum[c] = merge_rows(sum[c], make_float4(__fmul_rn(wk[k], a[k][c].x), __fmul_rn(wk[k], a[k][c].y),
+                                                    __fmul_rn(wk[k], a[k][c].z), __fmul_rn(wk[k], a[k][c].w)));
+          weight_sum += wk[k];
         }
     }
+  } else {  // (rare here: this merge runs where units are cut into a few pieces each)
+    // A float4 of the lane's dims at a time, one piece's load at a time: few registers.
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      for (int r = 0; r < kMergeRows; ++r) {
+        float4 acc = {};
+        float wrow = 0.f;
+        for (int i = r; i < pieces; i += kMergeRows) {
+          const float wi = weight[i];
+          if (wi == 0.f) continue;
+          merge_add(acc, wi, base[row_of(i) * (kDimV / 4) + 32 * c]);
+          wrow += wi;
+        }
+        sum[c] = merge_rows(sum[c], acc);
+        if (c == 0) weight_sum = __fadd_rn(weight_sum, wrow);
+      }
   }
-  weight_sum = warp_sum(weight_sum);
   MERGE_STAMP(4);
   const float inv = 1.f / weight_sum;
   bf16* dst = out_head(p, b, t, h) + 4 * lane;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     uint2 packed;
-    packed.x = pack_bf16x2(acc[c].x * inv, acc[c].y * inv);
-    packed.y = pack_bf16x2(acc[c].z * inv, acc[c].w * inv);
+    packed.x = pack_bf16x2(sum[c].x * inv, sum[c].y * inv);
+    packed.y = pack_bf16x2(sum[c].z * inv, sum[c].w * inv);
     *reinterpret_cast<uint2*>(dst + 128 * c) = packed;
   }
   if (lane == 0) *lse_at(p, b, t, h) = mx + logf(weight_sum);
@@ -1909,13 +1962,16 @@ __global__ void __launch_bounds__(kCombineThreads) hopper_combine_kernel(const M
 // and its schedule leave hopper_combine_kernel's as they were: with two pieces
 // in flight (eight float4 a lane) it wants more than the combine's 48, and in
 // one kernel ptxas either gave every merge the larger count or, held to 48,
-// stopped keeping the combine's four pieces in flight.  Held to four blocks of
-// 256 an SM (at most 64 registers), 64 units take little more than a wave.
-__global__ void __launch_bounds__(kCombineThreads, 4) hopper_merge_by_warps_kernel(const MlaParams p) {
+// stopped keeping the combine's four pieces in flight.  Held to three blocks
+// of 256 an SM (at most 80 registers: at 64, the sums in the merges' one order
+// spilled), 64 units take two waves.
+__global__ void __launch_bounds__(kCombineThreads, 3) hopper_merge_by_warps_kernel(const MlaParams p) {
 #if MLA_SM90A
+  __shared__ float weight[kPairsPerWarpMergeBlock][kMaxSplitsHere];  // each warp's pieces' weights
   CutUnit cu;
   if (!cut_unit_of_block(p, cu)) return;
-  combine_pair_by_warp(p, blockIdx.x * kPairsPerWarpMergeBlock + threadIdx.x / 32, cu);
+  const int warp = threadIdx.x / 32;
+  combine_pair_by_warp(p, blockIdx.x * kPairsPerWarpMergeBlock + warp, cu, weight[warp]);
 #else
   __trap();
 #endif

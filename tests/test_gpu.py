@@ -8,7 +8,7 @@ import torch
 from conftest import HAS_GPU, needs_gpu
 from mla_lab import ops, stages
 from mla_lab.occupancy import occupancy
-from mla_lab.problem import Problem, make_workload
+from mla_lab.problem import POISON_PAGE_ID, Problem, make_workload
 from mla_lab.reference import reference_attention
 from mla_lab.resources import resources_by_kernel
 from mla_lab.roofline import DEVICES
@@ -195,3 +195,41 @@ def test_float4_reads_probe_reads_what_float4_reads(ext):
     ext.probe_float4_reads(w.q, w.kv_cache, w.block_table, w.kv_lens, call.num_splits, b)
     torch.cuda.synchronize()
     assert not torch.equal(a, b)
+
+
+# (problem, streams of length 0 added, block-table columns added): each pair of calls, the batch alone and
+# padded, differs in the merge the host picks (256 or 128 threads a block, sliced or whole pairs, a warp a pair
+# with few or many pieces) or in the scheduler's rule for equal streams.
+PADDING_CASES = [
+    (Problem(streams=1, q_len=9, heads=8, prefix=16384, page_size=64), 3, 0),     # slices: 256 vs 128 threads
+    pytest.param(Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), 8, 64,  # equal streams
+                 marks=pytest.mark.xfail(strict=True, reason="the aligned cut of equal streams counts padded ones")),
+    (Problem(streams=2, q_len=9, heads=64, prefix=4096, page_size=64), 6, 0),     # whole pairs vs a warp a pair
+    (Problem(streams=2, q_len=9, heads=64, prefix=(30000, 100), page_size=64), 14, 0),  # a warp, many pieces
+    (Problem(streams=3, q_len=5, heads=16, prefix=(700, 5000, 33), page_size=16), 5, 300),  # table width
+    (Problem(streams=1, q_len=1, heads=128, prefix=8191, page_size=1), 1, 0),
+]
+
+
+@pytest.mark.parametrize("problem, pad, wider", PADDING_CASES,
+                         ids=[(c.values if hasattr(c, "values") else c)[0].label() for c in PADDING_CASES])
+def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
+    """A batch padded to a captured bucket (streams of length 0, a wider block table) gives its streams'
+    answers bit for bit: every merge sums in one order, whichever the host picks.  (Not yet where all streams
+    are equal and the call short: the cut then counts the padded streams, the xfail above.)"""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stage 10 runs on compute capability 9.0 only")
+    w = make_workload(problem, device="cuda", seed=77, poison=True)
+    q, kv, bt, lens = w.args()[:4]
+    ns = ops.default_num_splits("hopper", q, kv, bt)
+    out, lse = ops.attention("hopper", q, kv, bt, lens, num_splits=ns)
+    B = q.shape[0]
+    q_pad = torch.cat([q, torch.randn(pad, *q.shape[1:], device="cuda").to(q.dtype)])
+    bt_pad = torch.full((B + pad, bt.shape[1] + wider), POISON_PAGE_ID, dtype=bt.dtype, device="cuda")
+    bt_pad[:B, :bt.shape[1]] = bt
+    lens_pad = torch.cat([lens, torch.zeros(pad, dtype=lens.dtype, device="cuda")])
+    out_pad = q_pad.new_full((*q_pad.shape[:3], 512), float("nan"))  # NaN: an unwritten element fails
+    out_pad, lse_pad = ops.attention("hopper", q_pad, kv, bt_pad, lens_pad, num_splits=ns, out=out_pad, check=False)
+    assert torch.equal(out_pad[:B], out) and torch.equal(lse_pad[:B], lse), "padding changed the answers"
+    ref_out, ref_lse = reference_attention(*w.args())
+    assert compare(out, lse, ref_out, ref_lse, label="hopper").ok

@@ -160,6 +160,25 @@ def test_invalid_streams_get_no_tiles():
     assert hopper_plan([3], 9, 8, 132).blocks == 0  # nothing to do at all
 
 
+@pytest.mark.parametrize("lens, T, H", [
+    ([1033], 9, 8), ([16393], 9, 64), ([4105] * 3, 16, 64), ([300, 2000, 77], 9, 8),
+    pytest.param([1033] * 8, 9, 8, marks=pytest.mark.xfail(strict=True, reason=(
+        "equal streams in a short call: the aligned cut counts the padded streams as units (see blocks_with_share)"))),
+    ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128),
+])
+def test_streams_of_length_zero_change_no_cut(lens, T, H):
+    """A batch padded to a captured bucket (streams of length 0 at its end) is cut as the batch alone:
+    the same blocks, each with the same (stream, group, tiles) pieces, so the same partials and merges."""
+    def pieces(plan):
+        return [[(plan.stream_of(u), plan.group_of(u), t0, t1) for u, t0, t1 in plan.share(c)]
+                for c in range(plan.blocks)]
+
+    alone = hopper_plan(lens, T, H, 132)
+    for pad in (1, 3, 8):
+        padded = hopper_plan(lens + [0] * pad, T, H, 132)
+        assert padded.blocks == alone.blocks and pieces(padded) == pieces(alone)
+
+
 def test_random_batches():
     rng = random.Random(0)
     for _ in range(200):
