@@ -162,8 +162,10 @@ def test_invalid_streams_get_no_tiles():
 
 @pytest.mark.parametrize("lens, T, H", [
     ([1033], 9, 8), ([16393], 9, 64), ([4105] * 3, 16, 64), ([300, 2000, 77], 9, 8),
-    pytest.param([1033] * 8, 9, 8, marks=pytest.mark.xfail(strict=True, reason=(
-        "equal streams in a short call: the aligned cut counts the padded streams as units (see blocks_with_share)"))),
+    *[pytest.param(lens, T, H, marks=pytest.mark.xfail(strict=True, reason=(
+        "one stream or equal streams in a short call: the aligned cut applies to the batch alone, and counts "
+        "padded streams as units (see blocks_with_share)"))) for lens, T, H in (([1033] * 8, 9, 8), ([16393], 9, 8),
+                                                                                 ([8192], 1, 128))],
     ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128),
 ])
 def test_streams_of_length_zero_change_no_cut(lens, T, H):
