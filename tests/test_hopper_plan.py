@@ -166,7 +166,7 @@ def test_invalid_streams_get_no_tiles():
         "one stream or equal streams in a short call: the aligned cut applies to the batch alone, and counts "
         "padded streams as units (see blocks_with_share)"))) for lens, T, H in (([1033] * 8, 9, 8), ([16393], 9, 8),
                                                                                  ([8192], 1, 128))],
-    ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128),
+    ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128), ([16393, 3009], 9, 8), ([30009, 109], 9, 64),
 ])
 def test_streams_of_length_zero_change_no_cut(lens, T, H):
     """A batch padded to a captured bucket (streams of length 0 at its end) is cut as the batch alone:
