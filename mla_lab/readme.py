@@ -11,7 +11,6 @@ import sys
 
 from . import results as _results
 from . import stages
-from .results import CONFIG_KEYS
 from .extension import ROOT
 
 README = ROOT / "README.md"
@@ -80,23 +79,6 @@ OURS, PEER = "hopper", "flashmla"
 PEER_GRID = dict(streams=(1, 8), q_len=(9, 16), heads=(8, 64), prefix=(1024, 4096, 16384, 65536))
 
 
-def peer_pairs(rec) -> list[tuple[dict, dict]]:
-    """(stage 10, FlashMLA) records of one configuration, taken in the same run."""
-    pairs = []
-    for peer in rec.select(stage=PEER):
-        ours = rec.get(OURS, **{k: peer[k] for k in CONFIG_KEYS})
-        if ours is None or ours["run"] != peer["run"] or ours.get("unsupported") or peer.get("unsupported"):
-            continue
-        pairs.append((ours, peer))
-
-    def order(pair):
-        r = pair[0]
-        prefix = (0, r["prefix"], "") if isinstance(r["prefix"], int) else (1, 0, str(r["prefix"]))
-        return (r["streams"], r["q_len"], r["heads"], r["page_size"]) + prefix
-
-    return sorted(pairs, key=order)
-
-
 def on_peer_grid(r: dict) -> bool:
     return all(r[k] in values for k, values in PEER_GRID.items())
 
@@ -104,7 +86,7 @@ def on_peer_grid(r: dict) -> bool:
 def peers_table(rec=None) -> str:
     """Stage 10 beside FlashMLA at every configuration a run measured both: chapter 10's grid, then the rest."""
     rec = rec if rec is not None else _recorded()
-    pairs = peer_pairs(rec) if rec else []
+    pairs = _results.same_run_pairs(rec, OURS, PEER) if rec else []
     if not pairs:
         return "No run with FlashMLA recorded yet: run `mla-lab bench --peers` on an sm_90 GPU (above)."
     lines = []

@@ -64,6 +64,24 @@ class Recorded:
                 f"{len(self.records)} measurements in {where}")
 
 
+def same_run_pairs(rec: Recorded, ours: str, peer: str) -> list[tuple[dict, dict]]:
+    """(``ours``, ``peer``) records of one configuration taken in the same run, neither unsupported,
+    in the order of streams, q_len, heads, page size and prefix."""
+    pairs = []
+    for theirs in rec.select(stage=peer):
+        mine = rec.get(ours, **{k: theirs[k] for k in CONFIG_KEYS})
+        if mine is None or mine["run"] != theirs["run"] or mine.get("unsupported") or theirs.get("unsupported"):
+            continue
+        pairs.append((mine, theirs))
+
+    def order(pair):
+        r = pair[0]
+        prefix = (0, r["prefix"], "") if isinstance(r["prefix"], int) else (1, 0, str(r["prefix"]))
+        return (r["streams"], r["q_len"], r["heads"], r["page_size"]) + prefix
+
+    return sorted(pairs, key=order)
+
+
 def load(path: Path | str | None = None) -> Recorded | None:
     """The given results file, or the most recently written one in results/."""
     if path is None:
