@@ -326,24 +326,28 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 }
 
 // How many blocks get a share of W tiles: every group cut at the same keys.
-// Where every unit has the same tiles and a share is short, a block that
-// straddles two units pays a second unit's start (its Q, its output) on the
-// call's critical path; a count of blocks that is a multiple of the units cuts
-// each unit into the same number of whole pieces, so no share straddles, and
-// it is taken if it keeps at least 7/8 of the blocks.  The pieces are then as
-// few as keep the longest share as it is: each piece is a unit's start and a
-// partial written and merged, and in a short call those cost as much as a tile
-// or two (on the H200, 8 streams of 1024 keys at 8 heads: 9 pieces a unit in
-// place of 16, the same 2 tiles a block at most, 28.2 -> 26.7 us).
+// Where every unit with tiles has the same tiles (`filled` units of
+// `tiles_each`; filled is 0 where they differ) and a share is short, a block
+// that straddles two units pays a second unit's start (its Q, its output) on
+// the call's critical path; a count of blocks that is a multiple of the units
+// cuts each unit into the same number of whole pieces, so no share straddles,
+// and it is taken if it keeps at least 7/8 of the blocks.  The pieces are then
+// as few as keep the longest share as it is: each piece is a unit's start and
+// a partial written and merged, and in a short call those cost as much as a
+// tile or two (on the H200, 8 streams of 1024 keys at 8 heads: 9 pieces a unit
+// in place of 16, the same 2 tiles a block at most, 28.2 -> 26.7 us).  Units
+// without tiles do not count: a batch padded to a captured bucket ends with
+// streams of length 0, and they must change neither the cut nor any answer.
 constexpr int kAlignedShareTiles = 8;  // "short": at most this many tiles per block on average
-__device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W, bool same_tiles) {
+__device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape& sh, int W, int filled,
+                                                 int tiles_each) {
   const int most = W == 0 ? 0 : min(p.num_splits, (W + kMinTilesPerBlock - 1) / kMinTilesPerBlock);
-  if (same_tiles && sh.units <= most && W <= kAlignedShareTiles * most) {
-    const int aligned = most - most % sh.units;
+  if (filled > 0 && filled <= most && W <= kAlignedShareTiles * most) {
+    const int aligned = most - most % filled;
     if (8 * aligned >= 7 * most) {
-      const int tiles = W / sh.units, pieces = aligned / sh.units;
-      const int longest = (tiles + pieces - 1) / pieces;
-      return sh.units * ((tiles + longest - 1) / longest);
+      const int pieces = aligned / filled;
+      const int longest = (tiles_each + pieces - 1) / pieces;
+      return filled * ((tiles_each + longest - 1) / longest);
     }
   }
   return most >= sh.groups ? most - most % sh.groups : most;
@@ -413,20 +417,21 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
   // The units of one stream (its pair groups) have the same tiles; of several, only if the streams do.
   const bool one_stream = p.batch == 1;
-  const int tiles0 = one_stream ? 0 : unit_tiles(p, 0);
+  const int tiles0 = unit_tiles(p, 0);
   int mine = 0;
-  bool same = true;  // every unit of my run has as many tiles as unit 0
+  bool same = true;  // every unit of my run has no tiles or as many as unit 0
   for (int u = u0; u < u1; ++u) {
     const int n = unit_tiles(p, u);
     mine += n;
-    same = same && n == tiles0;
+    same = same && (n == 0 || n == tiles0);
   }
   const bool same_tiles = one_stream || __syncthreads_and(same) != 0;  // (one_stream is the same in every thread)
   // One stream: its units all have its tiles, so the sum needs no trip across the block.
-  const int stream_tiles = one_stream ? unit_tiles(p, 0) : 0;
-  int W = sh.units * stream_tiles;
-  const int first = one_stream ? u0 * stream_tiles : block_exclusive_sum(mine, words, W);  // my run's first tile
-  C = blocks_with_share(p, sh, W, same_tiles);
+  int W = one_stream ? sh.units * tiles0 : 0;
+  const int first = one_stream ? u0 * tiles0 : block_exclusive_sum(mine, words, W);  // my run's first tile
+  // The units with tiles, where they all have unit 0's (so unit 0 has some).
+  const int filled = !same_tiles || tiles0 == 0 ? 0 : one_stream ? sh.units : W / tiles0;
+  C = blocks_with_share(p, sh, W, filled, tiles0);
   cur.x = share_start(cta, W, C);
   cur.end = share_start(cta + 1, W, C);
   if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first tile

@@ -429,7 +429,11 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
             offsets.append(run)
             run += n
     offsets.append(run)
-    blocks = hopper_blocks(run, groups, max_blocks, units=groups * len(lens), same_tiles=len(set(tiles)) <= 1)
+    # The aligned cut counts only the units with tiles, and asks that they all have stream 0's: streams of length 0
+    # (a batch padded to a captured bucket ends with them) change no cut.
+    filled = groups * sum(1 for n in tiles if n > 0)
+    same = bool(tiles) and tiles[0] > 0 and all(n in (0, tiles[0]) for n in tiles)
+    blocks = hopper_blocks(run, groups, max_blocks, units=filled, same_tiles=same)
     return HopperPlan(groups, per_group, tuple(offsets), blocks, len(lens))
 
 
@@ -438,7 +442,7 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
     """How many blocks get a share: at least HOPPER_MIN_TILES_PER_BLOCK tiles each, a multiple of the groups
     when there are at least as many as groups (so every group's tiles are cut at the same keys).
 
-    Where all ``units`` have the same tiles (``same_tiles``) and a share is short
+    Where all ``units`` (those with tiles) have the same tiles (``same_tiles``) and a share is short
     (at most HOPPER_ALIGNED_SHARE_TILES tiles per block on average), a multiple of
     the units instead, if that keeps at least 7/8 of the blocks: every unit is then
     cut into the same number of whole pieces, and no block's share straddles two

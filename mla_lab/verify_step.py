@@ -43,9 +43,9 @@ class VerifyStep:
     ``step.q``, ``step.block_table`` and ``step.kv_lens`` directly and call
     :meth:`replay`.  ``num_splits`` is fixed at capture (the stage's rule for
     the bucket unless given); an eager call with the same split count gives the
-    same bits (stage 10 not yet where its aligned cut applies to the real
-    streams alone: one stream, or equal streams, in a short call; see the
-    README).  ``graph=False`` runs the same call eagerly (no GPU graph).
+    same bits, for every stage (a test pads real batches with streams of
+    length 0 and compares).  ``graph=False`` runs the same call eagerly (no
+    GPU graph).
     """
 
     def __init__(self, stage: str | Stage, kv_cache: torch.Tensor, *, streams: int, q_len: int, heads: int,

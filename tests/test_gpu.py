@@ -199,26 +199,23 @@ def test_float4_reads_probe_reads_what_float4_reads(ext):
 
 # (problem, streams of length 0 added, block-table columns added): each pair of calls, the batch alone and
 # padded, differs in the merge the host picks (256 or 128 threads a block, sliced or whole pairs, a warp a pair
-# with few or many pieces) or in the scheduler's rule for equal streams.
-_ALIGNED = pytest.mark.xfail(strict=True, reason="the aligned cut of one stream or of equal streams counts padded ones")
+# with few or many pieces) or would differ in the scheduler's rule for equal streams if it counted padded ones.
 PADDING_CASES = [
     (Problem(streams=2, q_len=9, heads=8, prefix=(16384, 3000), page_size=64), 2, 0),  # slices: 256 vs 128 threads
     (Problem(streams=2, q_len=9, heads=64, prefix=4096, page_size=64), 6, 0),     # whole pairs vs a warp a pair
     (Problem(streams=2, q_len=9, heads=64, prefix=(30000, 100), page_size=64), 14, 0),  # a warp, many pieces
     (Problem(streams=3, q_len=5, heads=16, prefix=(700, 5000, 33), page_size=16), 5, 300),  # table width
-    pytest.param(Problem(streams=1, q_len=9, heads=8, prefix=16384, page_size=64), 3, 0, marks=_ALIGNED),
-    pytest.param(Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), 8, 64, marks=_ALIGNED),
-    pytest.param(Problem(streams=1, q_len=1, heads=128, prefix=8191, page_size=1), 1, 0, marks=_ALIGNED),
+    (Problem(streams=1, q_len=9, heads=8, prefix=16384, page_size=64), 3, 0),     # the aligned cut: one stream
+    (Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), 8, 64),     # the aligned cut: equal streams
+    (Problem(streams=1, q_len=1, heads=128, prefix=8191, page_size=1), 1, 0),
 ]
 
 
-@pytest.mark.parametrize("problem, pad, wider", PADDING_CASES,
-                         ids=[(c.values if hasattr(c, "values") else c)[0].label() for c in PADDING_CASES])
+@pytest.mark.parametrize("problem, pad, wider", PADDING_CASES, ids=[c[0].label() for c in PADDING_CASES])
 def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
     """A batch padded to a captured bucket (streams of length 0, a wider block table) gives its streams'
-    answers bit for bit: every merge sums in one order, whichever the host picks.  (Not yet where the
-    scheduler's aligned cut applies to the batch alone, one stream or equal streams in a short call: it
-    counts the padded streams then, and cuts the padded batch otherwise; the expected failures above.)"""
+    answers bit for bit: every merge sums in one order, whichever the host picks, and the scheduler's cut
+    counts only the streams with keys."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("stage 10 runs on compute capability 9.0 only")
     w = make_workload(problem, device="cuda", seed=77, poison=True)

@@ -145,12 +145,16 @@ def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
     assert re.search(rf"constexpr int kAlignedShareTiles = {stages.HOPPER_ALIGNED_SHARE_TILES};", src)
     body = src[src.index("int blocks_with_share("):]
     body = body[:body.index("\n}\n")]
-    assert re.search(r"if \(same_tiles && sh\.units <= most && W <= kAlignedShareTiles \* most\)", body)
-    assert re.search(r"const int aligned = most - most % sh\.units;\s*if \(8 \* aligned >= 7 \* most\) \{", body)
-    assert re.search(r"const int tiles = W / sh\.units, pieces = aligned / sh\.units;\s*"
-                     r"const int longest = \(tiles \+ pieces - 1\) / pieces;\s*"
-                     r"return sh\.units \* \(\(tiles \+ longest - 1\) / longest\);", body)
+    assert re.search(r"if \(filled > 0 && filled <= most && W <= kAlignedShareTiles \* most\)", body)
+    assert re.search(r"const int aligned = most - most % filled;\s*if \(8 \* aligned >= 7 \* most\) \{", body)
+    assert re.search(r"const int pieces = aligned / filled;\s*"
+                     r"const int longest = \(tiles_each \+ pieces - 1\) / pieces;\s*"
+                     r"return filled \* \(\(tiles_each \+ longest - 1\) / longest\);", body)
+    # Only the units with tiles count, and they must all have unit 0's (the model's `filled` and `same`).
+    assert re.search(r"same = same && \(n == 0 \|\| n == tiles0\);", src)
     assert re.search(r"const bool same_tiles = one_stream \|\| __syncthreads_and\(same\) != 0;", src)
+    assert re.search(r"const int filled = !same_tiles \|\| tiles0 == 0 \? 0 : one_stream \? sh\.units : W / tiles0;", src)
+    assert re.search(r"C = blocks_with_share\(p, sh, W, filled, tiles0\);", src)
 
 
 def test_invalid_streams_get_no_tiles():
@@ -162,10 +166,7 @@ def test_invalid_streams_get_no_tiles():
 
 @pytest.mark.parametrize("lens, T, H", [
     ([1033], 9, 8), ([16393], 9, 64), ([4105] * 3, 16, 64), ([300, 2000, 77], 9, 8),
-    *[pytest.param(lens, T, H, marks=pytest.mark.xfail(strict=True, reason=(
-        "one stream or equal streams in a short call: the aligned cut applies to the batch alone, and counts "
-        "padded streams as units (see blocks_with_share)"))) for lens, T, H in (([1033] * 8, 9, 8), ([16393], 9, 8),
-                                                                                 ([8192], 1, 128))],
+    ([1033] * 8, 9, 8), ([16393], 9, 8), ([8192], 1, 128),  # the aligned cut: one stream, equal streams
     ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128), ([16393, 3009], 9, 8), ([30009, 109], 9, 64),
 ])
 def test_streams_of_length_zero_change_no_cut(lens, T, H):
