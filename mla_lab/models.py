@@ -440,7 +440,8 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
 def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | None = None,
                   same_tiles: bool = False) -> int:
     """How many blocks get a share: at least HOPPER_MIN_TILES_PER_BLOCK tiles each, a multiple of the groups
-    when there are at least as many as groups (so every group's tiles are cut at the same keys).
+    when there are at least as many as groups (so every group's tiles are cut at the same keys) and that
+    multiple keeps at least 15/16 of the blocks (else all of them: 15 groups would idle 12 of 132 SMs).
 
     Where all ``units`` (those with tiles) have the same tiles (``same_tiles``) and a share is short
     (at most HOPPER_ALIGNED_SHARE_TILES tiles per block on average), a multiple of
@@ -457,7 +458,8 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
             tiles, pieces = total_tiles // units, aligned // units
             longest = -(-tiles // pieces)
             return units * -(-tiles // longest)
-    return blocks - blocks % groups if blocks >= groups else blocks
+    multiple = blocks - blocks % groups
+    return multiple if blocks >= groups and 16 * multiple >= 15 * blocks else blocks
 
 
 HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this

@@ -49,9 +49,9 @@ def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
     units = groups * B
     if plan.blocks % units == 0 and plan.blocks <= most - groups:  # cut at whole units (test_equal_short_units_...)
         assert len(set(tiles)) == 1 and 8 * plan.blocks >= 7 * most
-    elif most >= groups:  # the largest multiple of the groups that fits
+    elif most >= groups and 16 * (most - most % groups) >= 15 * most:  # the largest multiple of the groups
         assert plan.blocks % groups == 0 and most - groups < plan.blocks <= most
-    else:
+    else:  # (a multiple would leave more than a sixteenth of the blocks idle)
         assert plan.blocks == most
     assert set(sizes) <= {plan.total_tiles // plan.blocks, -(-plan.total_tiles // plan.blocks)}
 
@@ -155,6 +155,22 @@ def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
     assert re.search(r"const bool same_tiles = one_stream \|\| __syncthreads_and\(same\) != 0;", src)
     assert re.search(r"const int filled = !same_tiles \|\| tiles0 == 0 \? 0 : one_stream \? sh\.units : W / tiles0;", src)
     assert re.search(r"C = blocks_with_share\(p, sh, W, filled, tiles0\);", src)
+
+
+@pytest.mark.parametrize("lens, T, H, blocks", [
+    ([16393], 9, 128, 132),      # 15 groups: a multiple (120) would idle 12 of 132 blocks, so all 132
+    ([16393] * 8, 9, 128, 132),
+    ([16393], 9, 64, 128),       # 8 groups: 128 keeps 4 idle, within a sixteenth
+    ([16400], 16, 64, 130),      # 13 groups: 130
+    ([30005], 4, 128, 126),      # 7 groups: 126 (6 idle, 1/22)
+])
+def test_groups_multiple_unless_it_idles_a_sixteenth(lens, T, H, blocks):
+    """Long shares: the blocks are a multiple of the groups (every group cut at the same keys) where that
+    keeps at least 15/16 of them, else every block (the groups' blocks then read a tile at different times)."""
+    plan = hopper_plan(lens, T, H, 132)
+    assert plan.blocks == blocks
+    src = stage10_source()
+    assert re.search(r"return most >= sh\.groups && 16 \* multiple >= 15 \* most \? multiple : most;", src)
 
 
 def test_invalid_streams_get_no_tiles():
