@@ -359,9 +359,10 @@ class HopperPlan:
     ``start(c) = c * W // blocks``, so shares differ by at most one tile.
 
     When there are no more groups than blocks, ``blocks`` is a multiple of the
-    groups: every group's tiles are then cut at the same keys, so the blocks of
-    all groups walk a stream's keys together and each key is read from DRAM
-    once, the other groups finding it in L2.
+    groups where that keeps at least 15/16 of them: every group's tiles are then
+    cut at the same keys, so the blocks of all groups walk a stream's keys
+    together and each key is read from DRAM once, the other groups finding it in
+    L2 (see :func:`hopper_blocks` for that rule and the one for short shares).
     """
 
     groups: int  # pair groups per stream
