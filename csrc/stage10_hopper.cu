@@ -24,10 +24,11 @@
 //   share may span several (stream, pair group) units and part of one.  A unit
 //   that one block finishes is written straight to `out`; a unit cut between
 //   blocks leaves partials that a combine kernel merges.  Units are numbered
-//   group by group, and the blocks are a multiple of the groups, so every
-//   group's keys are cut at the same places: the blocks of all groups of a
-//   stream read each key tile at about the same time, and L2 serves all but
-//   the first (numbered stream by stream, each group re-read the keys from DRAM).
+//   group by group, and the blocks are a multiple of the groups wherever that
+//   leaves at most a sixteenth of them idle, so every group's keys are cut at
+//   the same places: the blocks of all groups of a stream read each key tile
+//   at about the same time, and L2 serves all but the first (numbered stream
+//   by stream, each group re-read the keys from DRAM).
 #include "mla_device.cuh"
 #include "sm90_ptx.cuh"
 
@@ -2017,16 +2018,18 @@ LaunchGeometry main_geometry(const MlaParams& p) {
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 // Which of the two merge kernels a call launches: the merge by warps only in
 // an unsliced grid where the units are cut into a few pieces each.
-bool merge_by_warps_10(const MlaParams& p) {
-  const int units = shape_of(p).units;
+// The merge's slices for a call: the block table's width bounds a unit's tiles.
+int call_slices_10(const MlaParams& p) {
   const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-  return combine_slices(p.num_splits, units, unit_tiles_bound) == 1 && combine_by_warps(p.num_splits, units);
+  return combine_slices(p.num_splits, shape_of(p).units, unit_tiles_bound);
+}
+bool merge_by_warps_10(const MlaParams& p) {
+  return call_slices_10(p) == 1 && combine_by_warps(p.num_splits, shape_of(p).units);
 }
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
   if (merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: the merge by warps is
   const int units = shape_of(p).units;
-  const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-  const int slices = combine_slices(p.num_splits, units, unit_tiles_bound);
+  const int slices = call_slices_10(p);
   return {dim3(kPairsPerBlock * slices, std::min(p.num_splits, units)), dim3(combine_threads(slices, units)), 0};
 }
 LaunchGeometry merge_by_warps_geometry_10(const MlaParams& p) {
