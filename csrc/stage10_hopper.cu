@@ -166,6 +166,7 @@ constexpr bool kDirectOut = MLA_HOPPER_DIRECT_OUT != 0;
 constexpr int kRowsMode = MLA_HOPPER_ROWS;
 constexpr int kRowsPairs = 64;                  // the M of wgmma: a unit's pairs
 constexpr int kRowsRing = 2 * kChunks;          // two whole tiles: one scored by each warpgroup
+static_assert(kRowsRing % kChunks == 0, "a tile's chunks never wrap around the rows ring (P V reads four at once)");
 
 // Shared memory, from a 1024-byte aligned base (the swizzle repeats every 1024 bytes).
 constexpr int kQBytes = kChunks * kPairsPerGroup * 128;  // one warpgroup's Q^T: 46080
@@ -1227,8 +1228,11 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
 // ---- the rows layout: both compute warpgroups on one unit of up to 64 pairs ----
 //
 // The pairs are the M of every product: S[pairs, keys] = Q K^T with N = 64
-// keys, and O[pairs, dims] += P V with N = 64 dims per product.  O is 64 x 512
-// floats: each warpgroup holds half of its dims (128 registers a thread).
+// keys, and O[pairs, dims] += P V with N = 256 dims, a warpgroup's half of
+// them in one product per k-step (as first written, four products of N = 64
+// re-read P from shared memory four times, and were slower at every shape
+// measured).  O is 64 x 512 floats: each warpgroup holds half of its dims (128
+// registers a thread).
 // The tiles of a unit go to the warpgroups in turn, A (even) to warpgroup 0 and
 // B (odd) to warpgroup 1, so each scores a whole tile, and each needs the
 // other's P for its half of the dims.  The softmax reference travels along
@@ -1248,6 +1252,9 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
   const uint32_t ring = smem_addr(smem);
   const uint32_t q_s = smem_addr(smem + kROffQ);
   const uint64_t ring_desc = sw128_desc(ring, 1024), q_desc = sw128_desc(q_s, 1024);
+  // V as the B operand of N = 256: a warpgroup's four V chunks lie in consecutive
+  // slots (a tile's nine never wrap around the ring of two tiles), a slot apart.
+  const uint64_t v_desc = sw128_desc(ring, 1024, kChunkBytes);
   float* m_a_s = reinterpret_cast<float*>(smem + kROffMa);
   float* m_b_s = reinterpret_cast<float*>(smem + kROffMb);
   int* flag_s = reinterpret_cast<int*>(smem + kROffFlag);
@@ -1286,21 +1293,17 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
     for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pk[i])::"memory");  // P is final before the fence
     wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_m64n64k16_rs_tb(o[j], &pk[4 * ks], ring_desc + ((slot_of(s + v_pos0 + j) * kChunkBytes + 2048 * ks) >> 4));
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_rs_tb(o, &pk[4 * ks], v_desc + ((slot_of(s + v_pos0) * kChunkBytes + 2048 * ks) >> 4));
     wgmma_commit();
   };
   // The same with the other warpgroup's P, from its tile's RoPE slot.
   auto pv_smem = [&](float (&o)[4][32], int s) {
     wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wgmma_m64n64k16_ss<1>(o[j], ring_desc + ((slot_of(s) * kChunkBytes + 32 * ks) >> 4),
-                              ring_desc + ((slot_of(s + v_pos0 + j) * kChunkBytes + 2048 * ks) >> 4), 1);
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_ss_tb(o, ring_desc + ((slot_of(s) * kChunkBytes + 32 * ks) >> 4),
+                             v_desc + ((slot_of(s + v_pos0) * kChunkBytes + 2048 * ks) >> 4));
     wgmma_commit();
   };
 

@@ -90,8 +90,9 @@ def test_the_op_writes_a_whole_unit_through_shared_memory_and_direct_out_from_th
 
 
 def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(counts):
-    # two warpgroups, each 36 products of scores and 2 x 16 of P V, all 64 x 64 x 16
-    assert ablation.hgmma_shapes(ablation.ROWS) == {"64x64x16": 136}
+    # two warpgroups, each 36 products of scores (64 x 64 x 16) and 2 x 4 of P V, a
+    # warpgroup's 256 dims in one product per k-step (64 x 256 x 16)
+    assert ablation.hgmma_shapes(ablation.ROWS) == {"64x64x16": 72, "64x256x16": 16}
     assert ablation.hgmma_shapes(None) == {"64x40x16": counts[None]["HGMMA"]}
     rows = ablation.sass_counts(ablation.ROWS)
     # ptxas puts a wait after every wgmma (and says C7515) when an instruction seems to write
