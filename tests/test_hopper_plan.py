@@ -349,8 +349,8 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert merge.kernel == "hopper_merge_by_warps_kernel" and merge.grid == (10, 1, 1)
     (_, comb) = hop.launches(1, 9, 8, 1, 64, 132)  # the same call on every SM: a sliced grid
     assert comb.kernel == "hopper_combine_kernel" and comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 1, 1)
-    assert re.search(r"return combine_slices\(p\.num_splits, units, unit_tiles_bound\) == 1 && "
-                     r"combine_by_warps\(p\.num_splits, units\);", src)
+    assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\);", src)
+    assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
     assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
 
 
