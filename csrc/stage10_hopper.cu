@@ -12,7 +12,8 @@
 //   A draft of 9 rows at 8 heads is 72 pairs: one block, no padding to 128.
 // * A block has three warpgroups.  Warpgroup 0 only loads: it gathers each
 //   tile's keys through the block table with cp.async into a ring of 64-dim
-//   chunks (8 KB each), and signals each chunk on an mbarrier.  Warpgroups 1
+//   chunks (8 KB each), and signals each chunk on an mbarrier.  (On long
+//   calls the op copies whole tiles by TMA instead: see tma_pays.)  Warpgroups 1
 //   and 2 only compute, each for its own 40 pairs: the two share every key
 //   chunk in shared memory and never wait for each other.
 // * A block is persistent: one per SM.  Every block first reads kv_lens (on
@@ -99,6 +100,19 @@ constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 #define MLA_HOPPER_FENCE_GATHERED_ONLY 0
 #endif
 constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
+
+// The op's choice of loader.  The op is built with two main kernels, the same
+// code but for the loader: hopper_kernel gathers every tile with cp.async, and
+// hopper_tma_kernel copies whole tiles by TMA with the fences of the
+// "tma_fewer_fences" build.  The host picks one per call (tma_pays) from what
+// it knows: the tensor copy saved 3 to 9% of a call wherever each block had a
+// dozen tiles or more to load, and cost up to 5% of a short call.  With
+// MLA_HOPPER_DISPATCH = 0 (mla_lab/ablation.py builds it as "cp_async") the
+// op always gathers, as chapter 10's builds do: each of them is built without
+// the choice, so that it is compared with the op's cp.async kernel.
+#ifndef MLA_HOPPER_DISPATCH
+#define MLA_HOPPER_DISPATCH 1
+#endif
 
 // The parts of a short call, for chapter 10 (mla_lab/ablation.py builds them
 // as "launch_only", "scheduler_only" and "no_combine"; the op is always built
@@ -189,6 +203,7 @@ constexpr int kOffPlan = kOffBars + 2 * kRing * 8;        // the scheduler's wor
 constexpr int kPlanWords = kThreads / 32 + 2;
 constexpr int kProgressWords = kUseTma ? 2 : 0;  // after the plan's words: the TMA loader's progress counters
 constexpr int kSmemBytes = kOffPlan + (kPlanWords + kProgressWords) * 4 + 1024;  // + slack to align the base
+constexpr int kTmaSmemBytes = kOffPlan + (kPlanWords + 2) * 4 + 1024;            // hopper_tma_kernel's
 // The rows layout: the ring of two tiles, Q (64 pairs x 9 chunks, rows of 128 B),
 // the references after each warpgroup's tile, a flag, the sums, lengths, rows of q.
 // P goes into the RoPE chunk of its own tile, which only the scores read.
@@ -849,6 +864,9 @@ __device__ __forceinline__ void load_unit_q(const MlaParams& p, int b, int kv_le
 }
 
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
+// kFewerFences: fence only the chunks that cp.async wrote (tma_chunks says
+// whether the others came by TMA).
+template <bool kFewerFences>
 __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
                         uint64_t* full, uint64_t* empty, int group, int cta, bool tma_chunks) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -924,7 +942,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
       // Only chunks that cp.async wrote need the fence (see kFenceGatheredOnly): with the TMA loader in use,
       // those of a stream's last tile, unless it is whole.
-      const bool fence_chunks = !kFenceGatheredOnly || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len;
+      const bool fence_chunks = !kFewerFences || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len;
       MLA_STAMP(0);
       if (!kEarlyScores || tile == t0) {  // (early_scores: a later tile's were issued behind the last products)
         wgmma_fence();
@@ -1570,7 +1588,10 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
 
 #if MLA_SM90A
 // The main kernel's body in either layout.
-template <bool kRows>
+// kTma: the loader copies whole tiles by TMA where the cache allows it
+// (kv.box_keys != 0); kFewerFences: the compute warps fence only the chunks
+// gathered with cp.async.
+template <bool kRows, bool kTma, bool kFewerFences>
 __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& kv) {
   constexpr int kSlots = kRows ? kRowsRing : kRing;
   extern __shared__ unsigned char smem_raw[];
@@ -1583,7 +1604,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
   // in every lane: a branch on it is then not divergent, and wgmma stays unserialised.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
-  const bool tma = kUseTma && kCopyKeys && kv.box_keys != 0;
+  const bool tma = kTma && kCopyKeys && kv.box_keys != 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSlots; ++s) {
       // TMA: one arrival (with the bytes to expect); cp.async: every loader thread, once its copies have landed.
@@ -1624,7 +1645,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
     else if (wg == 2 && sh.per_group <= kPairsPerGroup)
       pass_chunks(p, cur, empty, full);  // a stream of <= 40 pairs: the second warpgroup has none
     else
-      compute(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x, tma);
+      compute<kFewerFences>(p, sh, cur, smem, full, empty, wg - 1, blockIdx.x, tma);
   }
   MAIN_STAMP(1);
   // This thread's writes are done: the combine may be launched once every
@@ -1636,17 +1657,29 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
 __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
   MAIN_STAMP(0);
-  hopper_main<false>(p, kv);
+  hopper_main<false, kUseTma, kFenceGatheredOnly>(p, kv);
 #else
   __trap();
 #endif
 }
 
+#if MLA_HOPPER_DISPATCH
+// The op's kernel for long calls (tma_pays): the same, fed by the tensor copy.
+__global__ void __launch_bounds__(kThreads, 1) hopper_tma_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
+#if MLA_SM90A
+  MAIN_STAMP(0);
+  hopper_main<false, true, true>(p, kv);
+#else
+  __trap();
+#endif
+}
+#endif
+
 #if MLA_HOPPER_ROWS
 // The same kernel in the rows layout (built only with MLA_HOPPER_ROWS).
 __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
-  hopper_main<true>(p, kv);
+  hopper_main<true, kUseTma, kFenceGatheredOnly>(p, kv);
 #else
   __trap();
 #endif
@@ -2014,21 +2047,42 @@ cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_
   return cudaGetLastError();
 }
 
+// Whether a call of the op copies its tiles by TMA (hopper_tma_kernel): where
+// the pages hold a multiple or a divisor of 64 keys, 16 at the least, and the
+// block table's width lets each block have kTmaTilesPerBlock tiles or more.
+// The lengths, which live on the GPU, cannot be asked: a batch with one long
+// stream and short others counts as long.  (On the H200 the tensor copy with
+// fewer fences took 0.92 to 0.97 of the cp.async kernel's time from about 30
+// tiles a block, 0.97 to 1.0 from 12 to 20, 0.98 to 0.99 at 4 to 8, and 1.02 to
+// 1.05 of it at one or two.)  The host also needs a tensor map of the cache
+// (kv_tensor), which an unaligned cache does not get.
+constexpr int kTmaTilesPerBlock = 12;
+bool tma_pays(const MlaParams& p) {
+  const Shape sh = shape_of(p);
+  const bool pages = p.page_size % 16 == 0 && (p.page_size % kKeysPerTile == 0 || kKeysPerTile % p.page_size == 0);
+  const int64_t tiles_bound = (int64_t)sh.units * (((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile);
+  return MLA_HOPPER_DISPATCH && !kUseTma && !sh.rows && pages && tiles_bound >= (int64_t)kTmaTilesPerBlock * p.num_splits;
+}
 LaunchGeometry main_geometry(const MlaParams& p) {
+  if (tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_tma_kernel is
   return {dim3(p.num_splits), dim3(kThreads), shape_of(p).rows ? kRowsSmemBytes : kSmemBytes};
 }
-// One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
-// block boundary is cut, and no more units than there are: for one stream, one row of blocks.
-// Which of the two merge kernels a call launches: the merge by warps only in
-// an unsliced grid where the units are cut into a few pieces each.
+LaunchGeometry tma_geometry(const MlaParams& p) {
+  if (!tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel is
+  return {dim3(p.num_splits), dim3(kThreads), kTmaSmemBytes};
+}
 // The merge's slices for a call: the block table's width bounds a unit's tiles.
 int call_slices_10(const MlaParams& p) {
   const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
   return combine_slices(p.num_splits, shape_of(p).units, unit_tiles_bound);
 }
+// Which of the two merge kernels a call launches: the merge by warps only in
+// an unsliced grid where the units are cut into a few pieces each.
 bool merge_by_warps_10(const MlaParams& p) {
   return call_slices_10(p) == 1 && combine_by_warps(p.num_splits, shape_of(p).units);
 }
+// One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
+// block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
   if (merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: the merge by warps is
   const int units = shape_of(p).units;
@@ -2095,6 +2149,10 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (device >= 64 || !opted_in[device]) {
     err = cudaFuncSetAttribute(hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+#if MLA_HOPPER_DISPATCH
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(hopper_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTmaSmemBytes);
+#endif
 #if MLA_HOPPER_ROWS
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(hopper_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmemBytes);
@@ -2108,7 +2166,17 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
 #else
   auto* main_kernel = hopper_kernel;
 #endif
-  err = launch(main_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});
+#if MLA_HOPPER_DISPATCH
+  if (tma_pays(q)) {
+    const KvTensor kv = kv_tensor(q);
+    if (kv.box_keys != 0)
+      err = launch(hopper_tma_kernel, tma_geometry(q), stream, pdl, q, kv);
+    else  // no tensor map for this cache: gather
+      err = launch(hopper_kernel, LaunchGeometry{dim3(q.num_splits), dim3(kThreads), kSmemBytes}, stream, pdl, q,
+                   KvTensor{});
+  } else
+#endif
+    err = launch(main_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});
   // The main kernel lets the combine launch only as its blocks finish: let go
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
@@ -2158,6 +2226,9 @@ cudaError_t hopper_merge_timeline_clear() {
 int hopper_kernels(const KernelHandle** handles) {
   static const KernelHandle kernels[] = {
       {"hopper_kernel", (const void*)hopper_kernel, kThreads, main_geometry},
+#if MLA_HOPPER_DISPATCH
+      {"hopper_tma_kernel", (const void*)hopper_tma_kernel, kThreads, tma_geometry},
+#endif
 #if MLA_HOPPER_ROWS
       {"hopper_rows_kernel", (const void*)hopper_rows_kernel, kThreads, main_geometry},
 #endif

@@ -136,7 +136,11 @@ MERGE_STAMP_BLOCKS = 320  # kMergeStampBlocks: the merge blocks of one cut unit,
 BLOCK0_EVENTS = ("past the wait", "cut known", "first page id", "Q landed", "first chunk landed", "tile landed",
                  "first scores")
 MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
-BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
+# The op without its choice of loader (-DMLA_HOPPER_DISPATCH=0): every call gathers its tiles with cp.async, as
+# every other build here does, so that each build is compared with this one rather than with the op, which copies
+# the tiles of long calls by TMA (hopper_tma_kernel).
+CP_ASYNC = "cp_async"
+BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
@@ -150,19 +154,23 @@ BUILDS = {TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **
           ROWS_TMA: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1"],
           ROWS_TMA_NO_MATH: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
+NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
 
 
 def build_defines(variant: str) -> list[str]:
-    """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`)."""
+    """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`).
+
+    Every build is made without the op's choice of loader (:data:`CP_ASYNC`).
+    """
     if variant in BUILDS:
-        return list(BUILDS[variant])
+        return list(BUILDS[variant]) + [NO_DISPATCH]
     if variant not in VARIANTS:
         raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} "
                          f"(and the builds {', '.join(BUILDS)})")
-    return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}"]
+    return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}", NO_DISPATCH]
 
 
 @functools.lru_cache(maxsize=None)

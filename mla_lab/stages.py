@@ -127,7 +127,7 @@ class Stage:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            main, combine, by_warps_kernel = HOPPER_KERNELS
+            cp_kernel, tma_kernel, combine, by_warps_kernel = HOPPER_KERNELS
             units = streams * hopper_groups(q_len, heads)
             slices = hopper_combine_slices(splits, units, -(-max_pages * page_size // HOPPER_KEYS_PER_TILE))
             if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
@@ -136,7 +136,9 @@ class Stage:
             else:
                 merge = Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
                                (hopper_combine_threads(slices, units), 1, 1), 0)
-            return [Launch(main, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), merge]
+            if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits):
+                return [Launch(tma_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), merge]
+            return [Launch(cp_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), merge]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -181,8 +183,21 @@ def hopper_groups(q_len: int, heads: int) -> int:
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
-# The main kernel and the two merges, one of which a call launches (hopper_combine_by_warps says which).
-HOPPER_KERNELS = ("hopper_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
+    """Whether a call of stage 10 copies its key tiles by TMA (hopper_tma_kernel, tma_pays) rather than gathering
+    them with cp.async (hopper_kernel): where the pages hold 16 keys or more, a multiple or a divisor of 64, and the
+    block table's width (``max_pages`` pages of ``page_size``) lets each of the ``splits`` blocks have
+    HOPPER_TMA_TILES_PER_BLOCK key tiles or more to load.  The host cannot see the lengths, so this is a bound.  (The
+    op also gathers where the cache gets no tensor map: a base or a stride not a multiple of 16 bytes.)"""
+    pages = page_size % 16 == 0 and (page_size % HOPPER_KEYS_PER_TILE == 0 or HOPPER_KEYS_PER_TILE % page_size == 0)
+    tiles_bound = streams * hopper_groups(q_len, heads) * -(-max_pages * page_size // HOPPER_KEYS_PER_TILE)
+    return pages and tiles_bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
+
+
+# The two main kernels, one of which a call launches (hopper_tma_pays says which), and the two merges, one of which
+# it launches (hopper_combine_by_warps says which).
+HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups
 HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
@@ -201,6 +216,7 @@ HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            
                      + 2 * HOPPER_RING_CHUNKS * 8                              # mbarriers
                      + 4 * (HOPPER_THREADS // 32 + 2)                           # the scheduler's words
                      + 1024)                                                    # alignment
+HOPPER_TMA_SMEM_BYTES = HOPPER_SMEM_BYTES + 2 * 4  # hopper_tma_kernel's: and the TMA loader's two progress counters
 
 STAGES: tuple[Stage, ...] = (
     Stage("triton", 0, "Production baseline: vLLM's split-KV MLA decode kernel (Triton)",

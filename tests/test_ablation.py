@@ -32,20 +32,42 @@ def test_each_variant_takes_away_what_it_says(counts):
 
 def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
     tma = counts[ablation.TMA]
-    assert counts[None]["UTMALDG"] == 0 and tma["UTMALDG"] > 0  # the op never uses TMA
+    assert counts[None]["UTMALDG"] == 0 and tma["UTMALDG"] > 0  # the op's hopper_kernel never uses TMA
     assert tma["HGMMA"] == counts[None]["HGMMA"]
     assert tma["LDGSTS"] >= counts[None]["LDGSTS"]  # the gathers stay, for the tiles TMA cannot copy
-    assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1"]
+    assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1", ablation.NO_DISPATCH]
 
 
 def test_the_first_tma_loader_is_built_apart_and_also_copies_by_tma(counts):
     first, tma = counts[ablation.TMA_FIRST], counts[ablation.TMA]
     assert first["UTMALDG"] > 0 and first["HGMMA"] == counts[None]["HGMMA"]
-    assert ablation.build_defines(ablation.TMA_FIRST) == ["-DMLA_HOPPER_TMA=2"]
-    assert set(ablation.build_defines(ablation.TMA_FIRST_NO_MATH)) == {"-DMLA_HOPPER_TMA=2", "-DMLA_HOPPER_ABLATE=2"}
+    assert ablation.build_defines(ablation.TMA_FIRST) == ["-DMLA_HOPPER_TMA=2", ablation.NO_DISPATCH]
+    assert set(ablation.build_defines(ablation.TMA_FIRST_NO_MATH)) == {"-DMLA_HOPPER_TMA=2", "-DMLA_HOPPER_ABLATE=2",
+                                                                       ablation.NO_DISPATCH}
     # the first loader issues its boxes from a loop; the other has every box of a chunk written out
     assert first["UTMALDG"] < tma["UTMALDG"]
     assert ablation.main_sass(ablation.TMA_FIRST) != ablation.main_sass(ablation.TMA)
+
+
+def _body(sass_text):
+    """A kernel's SASS without its addresses and blank lines: two builds of one kernel compare equal."""
+    import re
+
+    return [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).strip() for line in sass_text.splitlines()[1:] if line.strip()]
+
+
+def test_the_ops_two_main_kernels_are_the_cp_async_build_and_the_fewer_fences_build():
+    """The op picks its loader per call; each of its two main kernels is, instruction for instruction, a build."""
+    from mla_lab.chapter_display import kernel_sass
+    from mla_lab.resources import compile_cubin
+
+    op = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0")
+    assert _body(kernel_sass(op, "hopper_kernel")) == _body(ablation.main_sass(ablation.CP_ASYNC))
+    assert _body(kernel_sass(op, "hopper_tma_kernel")) == _body(ablation.main_sass(ablation.TMA_FEWER_FENCES))
+    assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
+    # every build is made without the choice: its one main kernel is compared with the op's cp.async kernel
+    for name in list(ablation.BUILDS) + list(ablation.VARIANTS):
+        assert ablation.build_defines(name)[-1] == ablation.NO_DISPATCH, name
 
 
 def test_the_fewer_fences_build_is_the_tma_build_with_its_fences_chosen(counts):
@@ -72,7 +94,7 @@ def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
     # no_q: the one cp.async of Q's copy loop is gone, every product and key copy is there
     assert counts["no_q"] == dict(counts[None], LDGSTS=counts[None]["LDGSTS"] - 1)
     assert set(ablation.CALL_PARTS).isdisjoint(ablation.VARIANTS)
-    assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3"]
+    assert ablation.build_defines("no_combine") == ["-DMLA_HOPPER_CALL_PART=3", ablation.NO_DISPATCH]
 
 
 def test_the_op_writes_a_whole_unit_through_shared_memory_and_direct_out_from_the_fragments(counts):
@@ -86,7 +108,7 @@ def test_the_op_writes_a_whole_unit_through_shared_memory_and_direct_out_from_th
     assert direct["STSM.16.MT88.4"] == 0 and count_opcodes(direct, "STG.E.128") == 0
     # the rest is the same: the products and the copies of the keys
     assert ablation.sass_counts(ablation.DIRECT_OUT) == dict(counts[None])
-    assert ablation.build_defines(ablation.DIRECT_OUT) == ["-DMLA_HOPPER_DIRECT_OUT=1"]
+    assert ablation.build_defines(ablation.DIRECT_OUT) == ["-DMLA_HOPPER_DIRECT_OUT=1", ablation.NO_DISPATCH]
 
 
 def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(counts):
@@ -108,7 +130,7 @@ def test_the_rows_build_puts_the_pairs_on_m_and_keeps_its_products_in_flight(cou
 
 
 def test_the_rows_tma_build_is_the_rows_kernel_with_the_tma_loader(counts):
-    assert set(ablation.build_defines(ablation.ROWS_TMA)) == {"-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1"}
+    assert set(ablation.build_defines(ablation.ROWS_TMA)) == {"-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1", ablation.NO_DISPATCH}
     assert set(ablation.build_defines(ablation.ROWS_TMA_NO_MATH)) == (
         set(ablation.build_defines(ablation.ROWS_TMA)) | set(ablation.build_defines("no_math")))
     assert ablation.main_kernel(ablation.ROWS_TMA) == "hopper_rows_kernel"

@@ -223,6 +223,9 @@ SHAPES = [
     (8, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 8 units, in blocks of 128 threads
     (2, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 2 units, in blocks of 256
     (8, 9, 64, 17, 64, 132),  # hopper: 64 units of a few pieces, merged by warps
+    (8, 9, 8, 1024, 64, 132),  # hopper: 62 tiles a block, copied by TMA (hopper_tma_kernel)
+    (8, 9, 64, 64, 16, 132),  # hopper: pages of 16, 7.8 tiles a block: gathered with cp.async
+    (8, 9, 64, 256, 16, 132),  # hopper: pages of 16, 31 tiles a block: TMA
 ]
 
 
@@ -230,9 +233,10 @@ SHAPES = [
 def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
-        # Stage 10 has two merge kernels and launches one: the other's geometry is a grid of 0 blocks.
+        # Stage 10 has two main kernels and two merge kernels and launches one of each: the others' geometry is a
+        # grid of 0 blocks.
         every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
-        assert sum(c["grid"][0] == 0 for c in every) == (1 if st.persistent else 0), st.id
+        assert sum(c["grid"][0] == 0 for c in every) == (2 if st.persistent else 0), st.id
         cpp = [c for c in every if c["grid"][0] > 0]
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
         assert len(cpp) == len(py) == (2 if st.persistent or st.splits else 1), st.id

@@ -310,7 +310,7 @@ def test_with_fewer_fences_every_chunk_written_by_a_generic_store_is_still_fence
     bad = re.search(r"if \(bad_tile\) \{[^}]*cp_async_wait<0>\(\);\s*fence_proxy_async\(\);", loader)
     assert bad, "the gatherers must fence a tile with a bad page themselves"
     fence = re.search(r"const bool fence_chunks = ([^;]+);", src)
-    assert fence and fence.group(1) == "!kFenceGatheredOnly || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len"
+    assert fence and fence.group(1) == "!kFewerFences || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len"
     assert "if (fence_chunks) fence_proxy_async();" in src
 
 
@@ -351,7 +351,30 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert comb.kernel == "hopper_combine_kernel" and comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 1, 1)
     assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\);", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
-    assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+    assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_combine_kernel",
+                                     "hopper_merge_by_warps_kernel")
+
+
+def test_the_loader_rule_matches_the_kernel():
+    """The op copies by TMA (hopper_tma_kernel) where the table's width gives each block a dozen tiles and pages fit."""
+    src = stage10_source()
+    assert re.search(rf"constexpr int kTmaTilesPerBlock = {stages.HOPPER_TMA_TILES_PER_BLOCK};", src)
+    assert re.search(r"const bool pages = p\.page_size % 16 == 0 && \(p\.page_size % kKeysPerTile == 0 \|\| "
+                     r"kKeysPerTile % p\.page_size == 0\);", src)
+    assert re.search(r"tiles_bound >= \(int64_t\)kTmaTilesPerBlock \* p\.num_splits;", src)
+    pays, hop = stages.hopper_tma_pays, stages.get("hopper")
+    # 8 streams of 65536 keys at 8 heads: 62 tiles a block; one stream of 16384: 2; 8 x 16384 at 8 heads: 15.5
+    assert pays(8, 9, 8, 1024, 64, 132) and not pays(1, 9, 8, 256, 64, 132) and pays(8, 9, 8, 256, 64, 132)
+    assert not pays(8, 9, 8, 64, 64, 132)  # 8 x 4096: 3.9 a block
+    assert pays(8, 9, 64, 64, 64, 132)  # 64 heads: 8 groups a stream, 31 tiles a block
+    assert pays(1, 9, 8, 1584, 64, 132) and not pays(1, 9, 8, 1583, 64, 132)  # 12 x 132 = 1584 tiles exactly
+    assert pays(8, 9, 8, 4096, 16, 132) and pays(8, 9, 8, 2048, 32, 132) and pays(8, 9, 8, 512, 128, 132)
+    assert not pays(8, 9, 8, 65536, 1, 132) and not pays(8, 9, 8, 16384, 8, 132) and not pays(8, 9, 8, 2731, 48, 132)
+    assert pays(1, 9, 8, 256, 64, 2) and not pays(1, 9, 8, 256, 64, 22)  # fewer blocks, more tiles each
+    (main, _) = hop.launches(8, 9, 8, 1024, 64, 132)
+    assert main.kernel == "hopper_tma_kernel" and main.dynamic_smem_bytes == stages.HOPPER_TMA_SMEM_BYTES
+    (main, _) = hop.launches(8, 9, 8, 64, 64, 132)
+    assert main.kernel == "hopper_kernel" and main.dynamic_smem_bytes == stages.HOPPER_SMEM_BYTES
 
 
 def test_the_combine_block_rule_matches_the_kernel():
