@@ -557,3 +557,41 @@ def test_the_call_parts_do_what_they_say():
     call()
     torch.cuda.synchronize()
     assert not compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem, splits", [
+    (Problem(streams=2, q_len=9, heads=8, prefix=(3001, 1500), page_size=16), 4),    # four boxes per chunk
+    (Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), 7),  # whole tiles and gathered ones
+    (Problem(streams=4, q_len=1, heads=16, prefix=(6000, 63, 64, 65), page_size=128), 5),  # two tiles per page
+    (Problem(streams=8, q_len=9, heads=8, prefix=16384, page_size=64), None),        # the grid's own: 15.5 tiles a block
+])
+def test_the_ops_tma_kernel_is_right_and_gives_its_cp_async_kernels_bits(problem, splits):
+    """Where the rule picks hopper_tma_kernel, the op matches the reference (cache past each length poisoned, unused
+    table slots out of range, outputs poisoned), gives the same bits as the cp_async build, and replays in a graph."""
+    from mla_lab import ops, stages
+    from mla_lab.reference import reference_for
+    from mla_lab.timing import cuda_graph
+    from mla_lab.verify import compare
+
+    w = make_workload(problem, device="cuda", seed=31, poison=True)
+    ref = reference_for(w)
+    op = ops.runner("hopper", w, num_splits=splits)
+    cp = ablation.runner(ablation.CP_ASYNC, w, num_splits=splits)
+    ns = cp.num_splits
+    (main, _) = stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
+                                              problem.page_size, ns)
+    assert main.kernel == "hopper_tma_kernel"
+    op()
+    cp()
+    torch.cuda.synchronize()
+    assert compare(op.out, op.lse, *ref).ok
+    assert torch.equal(op.out, cp.out) and torch.equal(op.lse, cp.lse)
+    first = op.out.clone()
+    op.out.fill_(float("nan"))
+    g = cuda_graph(op)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(op.out, first)
