@@ -47,6 +47,9 @@ WORKLOADS = (
     ("q_len 16, 4 heads, pages of 64", Problem(streams=2, q_len=16, heads=4, prefix=(1, 283), page_size=64),
      (None, 64)),
     ("128 heads, q_len 2, pages of 64", Problem(streams=1, q_len=2, heads=128, prefix=75, page_size=64), (None,)),
+    # with 4 blocks each has 12 tiles: stage 10 copies them by TMA (hopper_tma_kernel)
+    ("q_len 9, 8 heads, pages of 16, 4 blocks", Problem(streams=2, q_len=9, heads=8, prefix=(700, 1500), page_size=16),
+     (4,)),
 )
 # The spoiled workload: stream 0 valid; 1: a page id past the pool inside its length;
 # 2: a length beyond its block table; 3: a negative page id; 4: a negative length.

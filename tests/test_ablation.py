@@ -595,3 +595,30 @@ def test_the_ops_tma_kernel_is_right_and_gives_its_cp_async_kernels_bits(problem
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(op.out, first)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+def test_the_ops_tma_kernel_gives_nan_only_in_streams_with_bad_pages():
+    """check=False on a call the rule sends to hopper_tma_kernel: a page id past the pool inside one stream's
+    length, a negative one in another; those streams' outputs are NaN, every other stream's is right."""
+    from mla_lab import ops, stages
+    from mla_lab.reference import reference_attention
+    from mla_lab.verify import compare
+
+    p = Problem(streams=4, q_len=4, heads=8, prefix=(3000, 2000, 2500, 1000), page_size=16)
+    w = make_workload(p, device="cuda", seed=41, poison=True)
+    q, kv, bt, lens, scale = w.args()
+    (main, _) = stages.get("hopper").launches(4, 4, 8, bt.shape[1], 16, 2)
+    assert main.kernel == "hopper_tma_kernel"
+    ref_out, ref_lse = reference_attention(q, kv, bt, lens, scale)
+    bad_bt = bt.clone()
+    bad_bt[1, 70] = kv.shape[0]  # one past the pool, inside stream 1's 2004 tokens (page 70 holds 1120..1135)
+    bad_bt[3, 0] = -1
+    out, lse = ops.attention("hopper", q, kv, bad_bt, lens, scale, num_splits=2, check=False)
+    torch.cuda.synchronize()
+    for b in (1, 3):
+        assert (torch.isnan(out[b].float()).any(-1) | torch.isnan(lse[b])).all(), b
+    good = [0, 2]
+    assert compare(out[good], lse[good], ref_out[good], ref_lse[good]).ok
