@@ -35,7 +35,8 @@ def test_the_tma_build_copies_keys_by_tma_and_keeps_the_rest(counts):
     assert counts[None]["UTMALDG"] == 0 and tma["UTMALDG"] > 0  # the op's hopper_kernel never uses TMA
     assert tma["HGMMA"] == counts[None]["HGMMA"]
     assert tma["LDGSTS"] >= counts[None]["LDGSTS"]  # the gathers stay, for the tiles TMA cannot copy
-    assert ablation.TMA not in ablation.VARIANTS and ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1", ablation.NO_DISPATCH]
+    assert ablation.TMA not in ablation.VARIANTS
+    assert ablation.build_defines(ablation.TMA) == ["-DMLA_HOPPER_TMA=1", ablation.NO_DISPATCH]
 
 
 def test_the_first_tma_loader_is_built_apart_and_also_copies_by_tma(counts):
