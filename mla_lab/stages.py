@@ -129,7 +129,7 @@ class Stage:
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
             cp_kernel, tma_kernel, combine, by_warps_kernel = HOPPER_KERNELS
             units = streams * hopper_groups(q_len, heads)
-            slices = hopper_combine_slices(splits, units, -(-max_pages * page_size // HOPPER_KEYS_PER_TILE))
+            slices = hopper_combine_slices(splits, units, hopper_table_tiles(max_pages, page_size))
             if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
                 merge = Launch(by_warps_kernel, (HOPPER_PAIRS_PER_BLOCK // HOPPER_PAIRS_PER_WARP_MERGE_BLOCK,
                                                  min(splits, units), 1), (HOPPER_COMBINE_THREADS, 1, 1), 0)
@@ -190,8 +190,19 @@ def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_s
     HOPPER_TMA_TILES_PER_BLOCK key tiles or more to load.  The host cannot see the lengths, so this is a bound.  (The
     op also gathers where the cache gets no tensor map: a base or a stride not a multiple of 16 bytes.)"""
     pages = page_size % 16 == 0 and (page_size % HOPPER_KEYS_PER_TILE == 0 or HOPPER_KEYS_PER_TILE % page_size == 0)
-    tiles_bound = streams * hopper_groups(q_len, heads) * -(-max_pages * page_size // HOPPER_KEYS_PER_TILE)
-    return pages and tiles_bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
+    bound = hopper_tiles_bound(streams, q_len, heads, max_pages, page_size)
+    return pages and bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
+
+
+def hopper_table_tiles(max_pages: int, page_size: int) -> int:
+    """The 64-key tiles of a block table's width: the most a stream (and so a unit) can have."""
+    return -(-max_pages * page_size // HOPPER_KEYS_PER_TILE)
+
+
+def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, page_size: int) -> int:
+    """The most key tiles a call of stage 10 can have, from what the host sees: every unit (a stream's pair group)
+    with the table's width in tiles.  hopper_tma_pays compares it with the blocks."""
+    return streams * hopper_groups(q_len, heads) * hopper_table_tiles(max_pages, page_size)
 
 
 # The two main kernels, one of which a call launches (hopper_tma_pays says which), and the two merges, one of which
