@@ -92,10 +92,10 @@ constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 // tensor cores read shared memory through the async proxy; cp.async writes it
 // through the generic proxy, so a compute warp fences (fence.proxy.async) after
 // each chunk's wait and before its products.  The tensor copy writes through
-// the async proxy itself: with MLA_HOPPER_FENCE_GATHERED_ONLY = 1 and the TMA
-// loader in use, only the chunks of a stream's last tile, which the gatherers
-// fill with cp.async, are fenced.  (A tile with a page outside the pool is
-// fenced by the gatherers themselves, after waiting for their copies.)
+// the async proxy itself, and the TMA loader's gatherers (a stream's last tile,
+// a tile with a page outside the pool) wait for their own copies and fence
+// them before they arrive: with MLA_HOPPER_FENCE_GATHERED_ONLY = 1 and the TMA
+// loader in use, the compute warps fence no chunk.
 #ifndef MLA_HOPPER_FENCE_GATHERED_ONLY
 #define MLA_HOPPER_FENCE_GATHERED_ONLY 0
 #endif
@@ -105,7 +105,7 @@ constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 // code but for the loader: hopper_kernel gathers every tile with cp.async, and
 // hopper_tma_kernel copies whole tiles by TMA with the fences of the
 // "tma_fewer_fences" build.  The host picks one per call (tma_pays) from what
-// it knows: the tensor copy saved 3 to 9% of a call wherever each block had a
+// it knows: the tensor copy saved up to 8% of a call wherever each block had a
 // dozen tiles or more to load, and cost up to 5% of a short call.  With
 // MLA_HOPPER_DISPATCH = 0 (mla_lab/ablation.py builds it as "cp_async") the
 // op always gathers, as chapter 10's builds do: each of them is built without
@@ -674,9 +674,18 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
       // the gatherers wait here until warp 0 has passed every tile before this one,
       // and warp 0 waits at this tile until the gatherers have claimed it.  Every
       // slot wait below is then within one phase (models.tma_gather_schedule).
-      wait_until_at_least(issued, k);
+      if (key_in_tile == 0) wait_until_at_least(issued, k);
+      named_barrier(kBarGather, 64);  // the other 63 wait here
       const bf16* row = pg < 0 || poisoned ? p.kv
                                            : p.kv + (int64_t)pg * p.kv_stride_page + (int64_t)(key % p.page_size) * p.kv_stride_slot;
+      // Every chunk's copies first (the ring holds a whole tile and more: no slot
+      // waits on an arrival below), then the gatherers wait for their own copies,
+      // fence them for wgmma, and one thread arrives on the 9 barriers.  A
+      // gatherer does not leave its copies to the barrier (an arrival that counts
+      // only once they land): compute-sanitizer's synccheck reports that form as
+      // a missing wait.  It costs one wait per stream's last tile.  (Loops kept
+      // rolled: unrolled, they spill the loader's 40 registers.)
+#pragma unroll 1
       for (int j = 0; j < kChunks; ++j) {
         const int slot = (seq + j) % kSlots;
         if (seq + j >= kSlots) mbar_wait(&empty[slot], (((seq + j) / kSlots) - 1) & 1);
@@ -689,20 +698,20 @@ __device__ void load_keys_tma(const MlaParams& p, Cursor cur, unsigned char* sme
           else  // a key past the stream reads as zeros (a 0-byte copy fills the 16)
             cp_async16(dst, pg < 0 ? (const void*)row : (const void*)(row + dims_of(j) * kChunkDims + c16 * 8), pg < 0 ? 0 : 16);
         }
-        if (bad_tile) {  // bad input only: wait for the copies, and make them and the stores visible to wgmma here
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async();
-        } else {
-          cp_async_arrive_tracked(&full[slot]);  // the compute warpgroups' proxy fence makes the copies visible
-        }
-        named_barrier(kBarGather, 64);  // every copy tracked before the one arrival the barrier expects
-        if (key_in_tile == 0) mbar_arrive(&full[slot]);
       }
-      if (key_in_tile == 0) st_release_shared(gathered, k + 1);  // after all 64 passed their slot waits
+      named_barrier(kBarGather, 64);
+      // After all 64 passed their slot waits, warp 0 may go on (not after the
+      // copies have landed: it would wait for them with nothing in flight).
+      if (key_in_tile == 0) st_release_shared(gathered, k + 1);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();  // the copies and stores, visible to the tensor cores' reads
+      named_barrier(kBarGather, 64);  // all 64 keys written before the arrivals
+      if (key_in_tile == 0)
+#pragma unroll 1
+        for (int j = 0; j < kChunks; ++j) mbar_arrive(&full[(seq + j) % kSlots]);
     }
   }
-  if (!issuer) cp_async_wait<0>();  // leave no copy in flight behind an exiting thread
 }
 
 // The TMA loader as first written (only in the "tma_first" build, kept for
@@ -864,8 +873,8 @@ __device__ __forceinline__ void load_unit_q(const MlaParams& p, int b, int kv_le
 }
 
 // Warpgroups 1 and 2: scores, online softmax and output for up to 40 pairs each.
-// kFewerFences: fence only the chunks that cp.async wrote (tma_chunks says
-// whether the others came by TMA).
+// kFewerFences: fence no chunk when the TMA loader filled them (tma_chunks),
+// since its gatherers fence the chunks cp.async wrote.
 template <bool kFewerFences>
 __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem,
                         uint64_t* full, uint64_t* empty, int group, int cta, bool tma_chunks) {
@@ -940,9 +949,9 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       // Each chunk's four k-steps start as soon as that chunk has landed.  The
       // slot and phase of chunk seq + j follow from those of chunk seq.
       const int slot0 = seq % kRing, phase0 = (seq / kRing) & 1;
-      // Only chunks that cp.async wrote need the fence (see kFenceGatheredOnly): with the TMA loader in use,
-      // those of a stream's last tile, unless it is whole.
-      const bool fence_chunks = !kFewerFences || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len;
+      // Only chunks that cp.async wrote need the fence, and the TMA loader's gatherers fence theirs (see
+      // kFenceGatheredOnly).
+      const bool fence_chunks = !kFewerFences || !tma_chunks;
       MLA_STAMP(0);
       if (!kEarlyScores || tile == t0) {  // (early_scores: a later tile's were issued behind the last products)
         wgmma_fence();
@@ -1589,8 +1598,8 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
 #if MLA_SM90A
 // The main kernel's body in either layout.
 // kTma: the loader copies whole tiles by TMA where the cache allows it
-// (kv.box_keys != 0); kFewerFences: the compute warps fence only the chunks
-// gathered with cp.async.
+// (kv.box_keys != 0); kFewerFences: the compute warps leave the fence of the
+// chunks gathered with cp.async to the gatherers.
 template <bool kRows, bool kTma, bool kFewerFences>
 __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& kv) {
   constexpr int kSlots = kRows ? kRowsRing : kRing;
@@ -2057,15 +2066,27 @@ cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_
 // 1.05 of it at one or two.)  The host also needs a tensor map of the cache
 // (kv_tensor), which an unaligned cache does not get.
 constexpr int kTmaTilesPerBlock = 12;
+// Pages the tensor copy can read a tile from: one box of 64 keys, or 2 or 4 of 32 or 16.
+bool tma_pages(int page_size) {
+  return page_size % 16 == 0 && (page_size % kKeysPerTile == 0 || kKeysPerTile % page_size == 0);
+}
+// The most tiles a unit can have: the block table's width (the lengths live on the GPU).
+int64_t unit_tiles_bound(const MlaParams& p) {
+  return ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
+}
 bool tma_pays(const MlaParams& p) {
   const Shape sh = shape_of(p);
-  const bool pages = p.page_size % 16 == 0 && (p.page_size % kKeysPerTile == 0 || kKeysPerTile % p.page_size == 0);
-  const int64_t tiles_bound = (int64_t)sh.units * (((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile);
-  return MLA_HOPPER_DISPATCH && !kUseTma && !sh.rows && pages && tiles_bound >= (int64_t)kTmaTilesPerBlock * p.num_splits;
+  const int64_t tiles_bound = (int64_t)sh.units * unit_tiles_bound(p);
+  return MLA_HOPPER_DISPATCH && !kUseTma && !sh.rows && tma_pages(p.page_size) &&
+         tiles_bound >= (int64_t)kTmaTilesPerBlock * p.num_splits;
+}
+// The launch of hopper_kernel (hopper_rows_kernel in the rows layout).
+LaunchGeometry cp_async_geometry(const MlaParams& p) {
+  return {dim3(p.num_splits), dim3(kThreads), shape_of(p).rows ? kRowsSmemBytes : kSmemBytes};
 }
 LaunchGeometry main_geometry(const MlaParams& p) {
   if (tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_tma_kernel is
-  return {dim3(p.num_splits), dim3(kThreads), shape_of(p).rows ? kRowsSmemBytes : kSmemBytes};
+  return cp_async_geometry(p);
 }
 LaunchGeometry tma_geometry(const MlaParams& p) {
   if (!tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel is
@@ -2073,8 +2094,7 @@ LaunchGeometry tma_geometry(const MlaParams& p) {
 }
 // The merge's slices for a call: the block table's width bounds a unit's tiles.
 int call_slices_10(const MlaParams& p) {
-  const int64_t unit_tiles_bound = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-  return combine_slices(p.num_splits, shape_of(p).units, unit_tiles_bound);
+  return combine_slices(p.num_splits, shape_of(p).units, unit_tiles_bound(p));
 }
 // Which of the two merge kernels a call launches: the merge by warps only in
 // an unsliced grid where the units are cut into a few pieces each.
@@ -2101,8 +2121,7 @@ LaunchGeometry merge_by_warps_geometry_10(const MlaParams& p) {
 KvTensor kv_tensor(const MlaParams& p) {
   KvTensor kv = {};
   const int box_keys = std::min(p.page_size, kKeysPerTile);
-  const bool fits = p.page_size % 16 == 0 && (p.page_size % kKeysPerTile == 0 || kKeysPerTile % p.page_size == 0) &&
-                    reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
+  const bool fits = tma_pages(p.page_size) && reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
                     (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
   if (!fits) return kv;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -2172,8 +2191,7 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
     if (kv.box_keys != 0)
       err = launch(hopper_tma_kernel, tma_geometry(q), stream, pdl, q, kv);
     else  // no tensor map for this cache: gather
-      err = launch(hopper_kernel, LaunchGeometry{dim3(q.num_splits), dim3(kThreads), kSmemBytes}, stream, pdl, q,
-                   KvTensor{});
+      err = launch(hopper_kernel, cp_async_geometry(q), stream, pdl, q, KvTensor{});
   } else
 #endif
     err = launch(main_kernel, main_geometry(q), stream, pdl, q, kUseTma ? kv_tensor(q) : KvTensor{});

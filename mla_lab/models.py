@@ -794,7 +794,8 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
     skips: ``"progress"`` (``load_keys_tma``): each raises a counter as it
     passes a tile; the gatherers start a tile only once the issuer has passed
     every tile before it, and the issuer passes a gathered tile only once the
-    gatherers have claimed it; ``"skip_wait"`` (the loader before): at a tile
+    gatherers have claimed it (all 9 slots, before their copies land and they
+    arrive on the 9 barriers); ``"skip_wait"`` (the loader before): at a tile
     the other fills, a warp waits for that tile's last slot; ``"none"``.
 
     ``lagging`` (``"issuer"`` or ``"gatherer"``) makes that warp move only when
@@ -824,14 +825,18 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
         if protocol == "progress" and not whole:
             progs["gatherer"].append(("after", "issuer", t))      # every tile before this one passed
             progs["issuer"].append(("after", "gatherer", t + 1))  # this one claimed
+        if protocol == "progress" and not whole:
+            # the gatherers claim all 9 slots, raise their count, wait for their copies, then arrive on all 9
+            progs["gatherer"] += [("wait", seq0 + j) for j in range(chunks)] + [("count", t + 1)]
+            progs["gatherer"] += [("fill", seq0 + j) for j in range(chunks)]
+            progs["issuer"].append(("count", t + 1))
+            continue
         for j in range(chunks):
             progs[filler] += [("wait", seq0 + j), ("fill", seq0 + j)]
         if protocol == "skip_wait":
             progs[skipper].append(("wait", seq0 + chunks - 1))
         if protocol == "progress":
             progs[filler].append(("count", t + 1))
-            if not whole:
-                progs["issuer"].append(("count", t + 1))
     pc = {"issuer": 0, "gatherer": 0}
     consumed = 0
 

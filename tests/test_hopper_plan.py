@@ -296,21 +296,25 @@ def test_the_tma_loader_model_holds_the_kernels_progress_counters():
 
 
 def test_with_fewer_fences_every_chunk_written_by_a_generic_store_is_still_fenced():
-    """The build tma_fewer_fences skips the compute warps' proxy fence on the chunks the tensor copy wrote.
+    """The build tma_fewer_fences skips the compute warps' proxy fence on every chunk the TMA loader filled.
 
-    Read from the source: the issuing warp takes a tile only when it is whole and every page is in the pool;
-    the gatherers fence a tile with a bad page themselves (after waiting for their copies) and arrive plainly;
-    so the only chunks left to the compute warps' fence are those of a tile that is not whole, which the
-    compute warps' condition covers.
+    Read from the source: the issuing warp takes a tile only when it is whole and every page is in the pool, and
+    the tensor copy writes through the async proxy; every other tile is the gatherers', who wait for all their
+    copies (no arrival left to land with them), fence, and only then arrive on the tile's 9 barriers.
     """
     src = stage10_source()
     loader = src[src.index("__device__ void load_keys_tma("):src.index("__device__ void load_keys_tma_first(")]
     assert "const bool whole = key0 + kKeysPerTile <= kv_len &&" in loader
     assert "if (key0 + kKeysPerTile <= kv_len && !bad_tile) continue;  // warp 0 asks for this one" in loader
-    bad = re.search(r"if \(bad_tile\) \{[^}]*cp_async_wait<0>\(\);\s*fence_proxy_async\(\);", loader)
-    assert bad, "the gatherers must fence a tile with a bad page themselves"
+    gathered = loader[loader.index("wait_until_at_least(issued, k);"):]
+    waited = re.search(r"cp_async_commit\(\);\s*cp_async_wait<0>\(\);\s*fence_proxy_async\(\);[^\n]*\n"
+                       r"\s*named_barrier\(kBarGather, 64\);[^\n]*\n\s*if \(key_in_tile == 0\)\n#pragma unroll 1\n"
+                       r"\s*for \(int j = 0; j < kChunks; \+\+j\) mbar_arrive\(&full\[\(seq \+ j\) % kSlots\]\);", gathered)
+    assert waited, "the gatherers must wait for and fence their copies before they arrive"
+    assert "cp_async_arrive" not in loader  # no arrival that would complete with copies not fenced
+    assert gathered.count("mbar_arrive(") == 1
     fence = re.search(r"const bool fence_chunks = ([^;]+);", src)
-    assert fence and fence.group(1) == "!kFewerFences || !tma_chunks || (tile + 1) * kKeysPerTile > kv_len"
+    assert fence and fence.group(1) == "!kFewerFences || !tma_chunks"
     assert "if (fence_chunks) fence_proxy_async();" in src
 
 
@@ -349,7 +353,8 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert merge.kernel == "hopper_merge_by_warps_kernel" and merge.grid == (10, 1, 1)
     (_, comb) = hop.launches(1, 9, 8, 1, 64, 132)  # the same call on every SM: a sliced grid
     assert comb.kernel == "hopper_combine_kernel" and comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 1, 1)
-    assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\);", src)
+    assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\(p\)\);", src)
+    assert re.search(r"return \(\(int64_t\)p\.max_pages \* p\.page_size \+ kKeysPerTile - 1\) / kKeysPerTile;", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
     assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_combine_kernel",
                                      "hopper_merge_by_warps_kernel")
@@ -359,9 +364,11 @@ def test_the_loader_rule_matches_the_kernel():
     """The op copies by TMA (hopper_tma_kernel) where the table's width gives each block a dozen tiles and pages fit."""
     src = stage10_source()
     assert re.search(rf"constexpr int kTmaTilesPerBlock = {stages.HOPPER_TMA_TILES_PER_BLOCK};", src)
-    assert re.search(r"const bool pages = p\.page_size % 16 == 0 && \(p\.page_size % kKeysPerTile == 0 \|\| "
-                     r"kKeysPerTile % p\.page_size == 0\);", src)
-    assert re.search(r"tiles_bound >= \(int64_t\)kTmaTilesPerBlock \* p\.num_splits;", src)
+    assert re.search(r"return page_size % 16 == 0 && \(page_size % kKeysPerTile == 0 \|\| kKeysPerTile % page_size == 0\);",
+                     src)
+    assert re.search(r"const int64_t tiles_bound = \(int64_t\)sh\.units \* unit_tiles_bound\(p\);", src)
+    assert re.search(r"tma_pages\(p\.page_size\) &&\s*tiles_bound >= \(int64_t\)kTmaTilesPerBlock \* p\.num_splits;", src)
+    assert re.search(r"const bool fits = tma_pages\(p\.page_size\) &&", src)  # the tensor map asks the same of pages
     pays, hop = stages.hopper_tma_pays, stages.get("hopper")
     # 8 streams of 65536 keys at 8 heads: 62 tiles a block; one stream of 16384: 2; 8 x 16384 at 8 heads: 15.5
     assert pays(8, 9, 8, 1024, 64, 132) and not pays(1, 9, 8, 256, 64, 132) and pays(8, 9, 8, 256, 64, 132)
