@@ -30,9 +30,10 @@ chapter 10 times both against the op.  ``tma_no_math`` and
 ``tma_first_no_math`` are those loaders with the math taken away, as
 ``no_math`` takes it from the op's: the loaders alone.  ``tma_fewer_fences``
 (``-DMLA_HOPPER_FENCE_GATHERED_ONLY=1`` on top of ``tma``) drops the compute
-warps' proxy fence (``fence.proxy.async``) before the products of a chunk that
-the tensor copy wrote: it writes through the async proxy, which the tensor
-cores read through, so only the chunks gathered with ``cp.async`` need it.  ``timeline``
+warps' proxy fence (``fence.proxy.async``) before a chunk's products: the
+tensor copy writes through the async proxy, which the tensor cores read
+through, and the loader's gathering warps fence the chunks they write with
+``cp.async`` themselves, after waiting for their copies.  ``timeline``
 (``-DMLA_HOPPER_TIMELINE=1``) does all the work and adds clock reads: thread 0
 of each compute warpgroup of block 0 stamps six points of each tile
 (:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
@@ -237,6 +238,27 @@ def load_all() -> dict:
 
     with ThreadPoolExecutor(len(VARIANTS)) as pool:
         return dict(zip(VARIANTS, pool.map(load, VARIANTS)))
+
+
+def prebuild(jobs: int | None = None) -> int:
+    """Compile every build chapter 10 loads (:data:`BUILDS`, :data:`VARIANTS` and the two probes), side by side.
+
+    Each build is a compilation of the whole stage.  One after another, as the
+    chapter's cells first ask for them, they kept a run of the chapter on the
+    H200's host (16 cores) compiling for more than nine minutes; 14 at a time
+    they took under two.  Here they run ``jobs`` at a time (by default one per
+    CPU), and the chapter then finds each one built.  Returns how many.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import load_rate, wgmma_rate
+
+    builds = [functools.partial(load, name) for name in (*BUILDS, *VARIANTS)] + [load_rate.load, wgmma_rate.load]
+    jobs = max(1, min(len(builds), jobs or os.cpu_count() or 1))
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda build: build(), builds))
+    return len(builds)
 
 
 def runner(variant: str, w: Workload, *, num_splits: int | None = None):

@@ -263,3 +263,27 @@ def test_kept_measurement(tmp_path, monkeypatch):
     monkeypatch.setattr(chapter_measure, "GPU", False)
     value, said = ch.kept_measurement("10_x", "ablation", lambda: pytest.fail("measured without a GPU"))
     assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("recorded on NVIDIA H200 by executing this chapter")
+
+
+def test_chapter_10s_builds_are_compiled_side_by_side_before_it_runs_on_hopper(monkeypatch):
+    """`mla-lab chapters execute` compiles every build chapter 10 loads first, in parallel, and only there."""
+    from mla_lab import ablation, load_rate, wgmma_rate
+
+    built = []
+    monkeypatch.setattr(ablation, "load", lambda name: built.append(name))
+    monkeypatch.setattr(load_rate, "load", lambda: built.append("load_rate"))
+    monkeypatch.setattr(wgmma_rate, "load", lambda: built.append("wgmma_rate"))
+    monkeypatch.setattr(ch, "hopper_here", lambda: True)
+    assert ch.prebuild_for([ch.CHAPTERS / "09_tensor_cores.ipynb"]) == 0 and built == []
+    n = ch.prebuild_for([ch.CHAPTERS / "10_hopper.ipynb"])
+    assert sorted(built) == sorted([*ablation.BUILDS, *ablation.VARIANTS, "load_rate", "wgmma_rate"]) and n == len(built)
+    # every build the chapter's cells name is among them
+    src = "".join("".join(c["source"]) for c in json.loads((ch.CHAPTERS / "10_hopper.ipynb").read_text())["cells"]
+                  if c["cell_type"] == "code")
+    named = set(re.findall(r"ablation\.(?:load|runner)\(\"(\w+)\"", src))
+    named |= {getattr(ablation, c) for c in re.findall(r"ablation\.([A-Z_]+)\b", src)
+              if isinstance(getattr(ablation, c, None), str)}
+    assert named and named <= set(built), named - set(built)
+    monkeypatch.setattr(ch, "hopper_here", lambda: False)  # no Hopper GPU: the chapter shows recorded results
+    built.clear()
+    assert ch.prebuild_for([ch.CHAPTERS / "10_hopper.ipynb"]) == 0 and built == []
