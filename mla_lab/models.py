@@ -825,7 +825,6 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
         if protocol == "progress" and not whole:
             progs["gatherer"].append(("after", "issuer", t))      # every tile before this one passed
             progs["issuer"].append(("after", "gatherer", t + 1))  # this one claimed
-        if protocol == "progress" and not whole:
             # the gatherers claim all 9 slots, raise their count, wait for their copies, then arrive on all 9
             progs["gatherer"] += [("wait", seq0 + j) for j in range(chunks)] + [("count", t + 1)]
             progs["gatherer"] += [("fill", seq0 + j) for j in range(chunks)]
