@@ -70,10 +70,12 @@ def prebuild_for(paths) -> int:
 
 
 def hopper_here() -> bool:
-    """Whether this machine runs stage 10 (a GPU of compute capability 9.0), so that chapter 10 measures live."""
+    """Whether this machine's GPU runs stage 10 (the registry's rule), so that chapter 10 measures live."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+    from . import stages
+
+    return torch.cuda.is_available() and stages.get("hopper").runs_on(*torch.cuda.get_device_capability(0))
 
 
 def main(argv=None) -> int:
