@@ -2096,6 +2096,10 @@ LaunchGeometry tma_geometry(const MlaParams& p) {
 int call_slices_10(const MlaParams& p) {
   return combine_slices(p.num_splits, shape_of(p).units, unit_tiles_bound(p));
 }
+// Whether any unit may be cut between blocks: not where the block table is too
+// narrow for any stream to hold more than one tile.  Such a call launches no
+// merge at all (each of its units is one block's, written straight to out).
+bool may_cut_10(const MlaParams& p) { return unit_tiles_bound(p) > 1; }
 // Which of the two merge kernels a call launches: the merge by warps only in
 // an unsliced grid where the units are cut into a few pieces each.
 bool merge_by_warps_10(const MlaParams& p) {
@@ -2104,12 +2108,14 @@ bool merge_by_warps_10(const MlaParams& p) {
 // One block per (dim slice of a pair of a unit, cut unit).  At most one unit per
 // block boundary is cut, and no more units than there are: for one stream, one row of blocks.
 LaunchGeometry combine_geometry_10(const MlaParams& p) {
+  if (!may_cut_10(p)) return {dim3(0), dim3(0), 0};        // not launched: nothing to merge
   if (merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: the merge by warps is
   const int units = shape_of(p).units;
   const int slices = call_slices_10(p);
   return {dim3(kPairsPerBlock * slices, std::min(p.num_splits, units)), dim3(combine_threads(slices, units)), 0};
 }
 LaunchGeometry merge_by_warps_geometry_10(const MlaParams& p) {
+  if (!may_cut_10(p)) return {dim3(0), dim3(0), 0};        // not launched: nothing to merge
   if (!merge_by_warps_10(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_combine_kernel is
   return {dim3(kPairsPerBlock / kPairsPerWarpMergeBlock, std::min(p.num_splits, shape_of(p).units)),
           dim3(kCombineThreads), 0};
@@ -2199,7 +2205,7 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   // at their start, the combine's blocks waited on the few SMs the main
   // kernel leaves free, crowded there eight to an SM, and started the merge
   // from those (this cost 5 us at one stream of 16384 keys).
-  if (err == cudaSuccess && kCallPart != 3)
+  if (err == cudaSuccess && kCallPart != 3 && may_cut_10(q))
     err = merge_by_warps_10(q) ? launch(hopper_merge_by_warps_kernel, merge_by_warps_geometry_10(q), stream, pdl, q)
                                : launch(hopper_combine_kernel, combine_geometry_10(q), stream, pdl, q);
   return err;

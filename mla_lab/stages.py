@@ -136,9 +136,11 @@ class Stage:
             else:
                 merge = Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
                                (hopper_combine_threads(slices, units), 1, 1), 0)
+            # A table too narrow for two tiles cuts no unit: such a call launches no merge (may_cut_10).
+            merges = [merge] if hopper_table_tiles(max_pages, page_size) > 1 else []
             if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits):
-                return [Launch(tma_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), merge]
-            return [Launch(cp_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), merge]
+                return [Launch(tma_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), *merges]
+            return [Launch(cp_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), *merges]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]

@@ -226,6 +226,8 @@ SHAPES = [
     (8, 9, 8, 1024, 64, 132),  # hopper: 62 tiles a block, copied by TMA (hopper_tma_kernel)
     (8, 9, 64, 64, 16, 132),  # hopper: pages of 16, 7.8 tiles a block: gathered with cp.async
     (8, 9, 64, 256, 16, 132),  # hopper: pages of 16, 31 tiles a block: TMA
+    (2, 9, 8, 1, 64, 132),  # hopper: a table of one tile cuts no unit: no merge is launched
+    (3, 4, 16, 4, 16, 132),  # hopper: the same with pages of 16
 ]
 
 
@@ -233,13 +235,14 @@ SHAPES = [
 def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
-        # Stage 10 has two main kernels and two merge kernels and launches one of each: the others' geometry is a
-        # grid of 0 blocks.
+        # Stage 10 has two main kernels and two merge kernels and launches one of each, or no merge where the
+        # table holds one tile at most: the others' geometry is a grid of 0 blocks.
         every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
-        assert sum(c["grid"][0] == 0 for c in every) == (2 if st.persistent else 0), st.id
+        merges = 0 if st.persistent and mp * ps <= 64 else 1
+        assert sum(c["grid"][0] == 0 for c in every) == (4 - 1 - merges if st.persistent else 0), st.id
         cpp = [c for c in every if c["grid"][0] > 0]
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
-        assert len(cpp) == len(py) == (2 if st.persistent or st.splits else 1), st.id
+        assert len(cpp) == len(py) == (1 + merges if st.persistent or st.splits else 1), st.id
         for c, p in zip(cpp, py):
             assert (c["kernel"], tuple(c["grid"]), tuple(c["block"]), c["dynamic_smem_bytes"]) == (
                 p.kernel, p.grid, p.block, p.dynamic_smem_bytes), (st.id, shape)

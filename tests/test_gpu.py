@@ -232,3 +232,36 @@ def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
     assert torch.equal(out_pad[:B], out) and torch.equal(lse_pad[:B], lse), "padding changed the answers"
     ref_out, ref_lse = reference_attention(*w.args())
     assert compare(out, lse, ref_out, ref_lse, label="hopper").ok
+
+
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(50, 3, 20), page_size=64),
+    Problem(streams=4, q_len=1, heads=128, prefix=(63, 0, 17, 40), page_size=16),
+    Problem(streams=1, q_len=9, heads=8, prefix=55, page_size=64),
+], ids=lambda p: p.label())
+def test_hopper_with_a_table_of_one_tile_launches_no_merge_and_is_right(problem, ext):
+    """A block table too narrow for two tiles cuts no unit: the call is the main kernel alone (no merge kernel
+    runs), it writes every output itself (NaN-filled before), eagerly and replayed in a graph."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stage 10 runs on compute capability 9.0 only")
+    from mla_lab.timing import cuda_graph
+
+    w = make_workload(problem, device="cuda", seed=41, poison=True, spare_table_slots=0)
+    assert w.block_table.shape[1] * problem.page_size <= 64
+    assert len(stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
+                                             problem.page_size, 132)) == 1
+    ref_out, ref_lse = reference_attention(*w.args())
+    call = ops.runner("hopper", w)
+    call()
+    assert compare(call.out, call.lse, ref_out, ref_lse, label="hopper").ok
+    g = cuda_graph(call)
+    call.out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, ref_out, ref_lse, label="hopper, replayed").ok
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert any("hopper_kernel" in k for k in kernels), kernels
+    assert not any("combine" in k or "merge" in k for k in kernels), kernels

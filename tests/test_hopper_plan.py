@@ -351,10 +351,16 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert merge.grid == (stages.HOPPER_PAIRS_PER_BLOCK // 8, 64, 1) and merge.block == (256, 1, 1)
     (_, comb) = hop.launches(8, 16, 8, 18, 64, 132)  # 16 units: a block a pair
     assert comb.kernel == "hopper_combine_kernel" and comb.grid == (stages.HOPPER_PAIRS_PER_BLOCK, 16, 1)
-    (_, merge) = hop.launches(1, 9, 8, 1, 64, 2)  # a caller's two blocks: one unit in two pieces, by warps
+    (_, merge) = hop.launches(1, 9, 8, 2, 64, 2)  # a caller's two blocks: one unit in two pieces, by warps
     assert merge.kernel == "hopper_merge_by_warps_kernel" and merge.grid == (10, 1, 1)
-    (_, comb) = hop.launches(1, 9, 8, 1, 64, 132)  # the same call on every SM: a sliced grid
+    (_, comb) = hop.launches(1, 9, 8, 2, 64, 132)  # the same call on every SM: a sliced grid
     assert comb.kernel == "hopper_combine_kernel" and comb.grid == (4 * stages.HOPPER_PAIRS_PER_BLOCK, 1, 1)
+    # A table of one tile at most cuts no unit: the call is the main kernel alone.
+    assert [x.kernel for x in hop.launches(1, 9, 8, 1, 64, 132)] == ["hopper_kernel"]
+    assert [x.kernel for x in hop.launches(4, 1, 128, 4, 16, 132)] == ["hopper_kernel"]
+    assert len(hop.launches(4, 1, 128, 5, 16, 132)) == 2
+    assert re.search(r"bool may_cut_10\(const MlaParams& p\) \{ return unit_tiles_bound\(p\) > 1; \}", src)
+    assert re.search(r"kCallPart != 3 && may_cut_10\(q\)\)", src)
     assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\(p\)\);", src)
     assert re.search(r"return \(\(int64_t\)p\.max_pages \* p\.page_size \+ kKeysPerTile - 1\) / kKeysPerTile;", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
