@@ -168,6 +168,23 @@ constexpr bool kEarlyScores = MLA_HOPPER_EARLY_SCORES != 0;
 #endif
 constexpr bool kDirectOut = MLA_HOPPER_DIRECT_OUT != 0;
 
+// Turns at the tensor cores (mla_lab/ablation.py builds it as "pingpong").
+// Both compute warpgroups wait for the same chunks and so fall into step: both
+// issue their scores, both run the softmax while the tensor cores idle, both
+// issue their products.  With MLA_HOPPER_PINGPONG = 1, where both warpgroups
+// have pairs, they take turns to issue (warpgroup 0's scores, 1's scores, 0's
+// products, 1's products, ...), so that one's softmax runs while the other's
+// products are on the tensor cores (FlashAttention-3's ping-pong).  Two named
+// barriers pass the turn: a warpgroup waits at its own before it issues, and
+// arrives at the other's once its products are issued.
+#ifndef MLA_HOPPER_PINGPONG
+#define MLA_HOPPER_PINGPONG 0
+#endif
+constexpr bool kPingPong = MLA_HOPPER_PINGPONG != 0;
+static_assert(!(kPingPong && kEarlyScores), "early scores issue across a turn");
+constexpr int kBarTurn = 7;  // kBarTurn + group: warpgroup `group` may issue
+
+
 // The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
 // the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream has
 // at least 64 pairs and they fill their tiles (an eighth of padding at most),
@@ -899,6 +916,18 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
   const float scale_log2 = p.scale * kLog2e;
   const int first_share_unit = cur.unit;
 
+  // The turns (kPingPong): warpgroup 0 goes first, so warpgroup 1 gives it the
+  // first turn here, and warpgroup 0 takes the last one back after the loop:
+  // every arrival at a turn's barrier is then matched by a wait.
+  const bool pingpong = kPingPong && sh.per_group > kPairsPerGroup;  // else warpgroup 1 only passes chunks
+  auto take_turn = [&]() {
+    if (pingpong) named_barrier(kBarTurn + group, 256);
+  };
+  auto pass_turn = [&]() {
+    if (pingpong) named_barrier_arrive(kBarTurn + 1 - group, 256);
+  };
+  if (group == 1) pass_turn();
+
   int seq = 0;
 #if MLA_HOPPER_TIMELINE
   const long long stamp_start = clock64();
@@ -954,6 +983,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       const bool fence_chunks = !kFewerFences || !tma_chunks;
       MLA_STAMP(0);
       if (!kEarlyScores || tile == t0) {  // (early_scores: a later tile's were issued behind the last products)
+        take_turn();
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
@@ -968,6 +998,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
                                q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
         }
         wgmma_commit();
+        pass_turn();
       }
       wgmma_wait<0>();
       fence_accumulators(s);
@@ -1106,6 +1137,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       MLA_STAMP(3);
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
+      take_turn();
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) {
@@ -1115,6 +1147,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
           wgmma_m64n40k16<1>(o[j], ring_desc + ((slot * kChunkBytes + 2048 * ks) >> 4), p_desc + ((32 * ks) >> 4), 1);
         wgmma_commit();  // one group per dim tile, so its chunk can go back first
       }
+      pass_turn();
       MLA_STAMP(4);
       if (kEarlyScores && tile + 1 < t1) {
         issue_next_scores(s, ring_desc, q_desc, full, empty, seq + kChunks, slot0, lane);
@@ -1250,6 +1283,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       }
     }
   }
+  if (group == 0) take_turn();  // warpgroup 1's last turn, passed after its last products
 }
 
 // ---- the rows layout: both compute warpgroups on one unit of up to 64 pairs ----

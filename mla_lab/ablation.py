@@ -59,6 +59,16 @@ instead of waiting for all of the products first.  Its answers are right;
 ``early_scores_timeline`` is that build with the timeline's stamps (its
 "products done" is then the moment the next tile's scores are all issued).
 
+``pingpong`` (``-DMLA_HOPPER_PINGPONG=1``) makes the two compute warpgroups
+take turns at the tensor cores: warpgroup 0 issues its scores, then
+warpgroup 1 its scores, then 0 its products, then 1 its products, each turn
+passed on a named barrier, so that one warpgroup's softmax runs while the
+other's products are on the tensor cores (FlashAttention-3's ping-pong).
+Where a stream has at most 40 pairs only warpgroup 0 computes, and nothing
+changes.  Its answers are the op's to the bit; ``pingpong_no_copies`` takes the
+loads away as ``no_copies`` does, and ``pingpong_timeline`` stamps its tiles
+as ``timeline`` does.
+
 The :data:`CALL_PARTS` take a short call apart instead of a tile
 (``-DMLA_HOPPER_CALL_PART``): ``launch_only`` launches both kernels, and each
 returns as soon as it may read its inputs; ``scheduler_only`` stops the main
@@ -119,6 +129,10 @@ ROWS_TMA_NO_MATH = "rows_tma_no_math"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
+# The compute warpgroups taking turns at the tensor cores (-DMLA_HOPPER_PINGPONG=1), its math alone, its timeline.
+PINGPONG = "pingpong"
+PINGPONG_NO_COPIES = "pingpong_no_copies"
+PINGPONG_TIMELINE = "pingpong_timeline"
 # A whole unit's output stored straight from the fragments, as first written (-DMLA_HOPPER_DIRECT_OUT=1).
 DIRECT_OUT = "direct_out"
 # Every block of the merge of 256 threads, as first written (-DMLA_HOPPER_WIDE_COMBINE=1): the op narrows the blocks
@@ -148,6 +162,9 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
           MERGE_TIMELINE: ["-DMLA_HOPPER_MERGE_TIMELINE=1"],
           EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
+          PINGPONG: ["-DMLA_HOPPER_PINGPONG=1"],
+          PINGPONG_NO_COPIES: ["-DMLA_HOPPER_PINGPONG=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
+          PINGPONG_TIMELINE: ["-DMLA_HOPPER_PINGPONG=1", "-DMLA_HOPPER_TIMELINE=1"],
           TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
           TMA_FIRST_NO_MATH: ["-DMLA_HOPPER_TMA=2", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
@@ -156,6 +173,8 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           ROWS_TMA_NO_MATH: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
+# The builds that stamp a tile's timeline (timeline() reads them).
+STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
@@ -297,13 +316,12 @@ def timeline(w: Workload, *, num_splits: int | None = None, variant: str = TIMEL
     has none, and only hands the chunks back).  Both warpgroups start
     together, after the block's barrier, so their clocks can be compared.
     The call is made once to warm up, then again with the stamps cleared.
-    ``variant`` is a build that stamps (:data:`TIMELINE` or
-    :data:`EARLY_SCORES_TIMELINE`).
+    ``variant`` is a build that stamps (:data:`STAMPING`).
     """
     import numpy as np
 
-    if variant not in (TIMELINE, EARLY_SCORES_TIMELINE):
-        raise ValueError(f"{variant!r} does not stamp a timeline; the builds that do are {TIMELINE}, {EARLY_SCORES_TIMELINE}")
+    if variant not in STAMPING:
+        raise ValueError(f"{variant!r} does not stamp a timeline; the builds that do are {', '.join(STAMPING)}")
     call = runner(variant, w, num_splits=num_splits)
     module = load(variant)
     call()

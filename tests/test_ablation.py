@@ -159,6 +159,39 @@ def test_the_early_scores_build_issues_a_second_copy_of_the_scores_and_waits_per
     assert ablation.EARLY_SCORES not in ablation.VARIANTS
 
 
+def test_the_pingpong_build_adds_only_the_turns(counts):
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    pp = ablation.sass_counts(ablation.PINGPONG)
+    assert {k: pp[k] for k in ("HGMMA", "WAIT", "LDGSTS")} == {k: counts[None][k] for k in ("HGMMA", "WAIT", "LDGSTS")}
+    assert ablation.hgmma_shapes(ablation.PINGPONG) == ablation.hgmma_shapes(None)
+    op_mix, pp_mix = instruction_mix(ablation.main_sass(None)), instruction_mix(ablation.main_sass(ablation.PINGPONG))
+    # a turn taken before the scores and before the products, and warpgroup 0's last one after the loop; a turn
+    # passed after each, and warpgroup 1's first before the loop
+    assert count_opcodes(pp_mix, "BAR.SYNC") == count_opcodes(op_mix, "BAR.SYNC") + 3
+    assert count_opcodes(pp_mix, "BAR.ARV") == count_opcodes(op_mix, "BAR.ARV") + 3
+    assert ablation.sass_counts(ablation.PINGPONG_NO_COPIES)["HGMMA"] == pp["HGMMA"]
+    assert ablation.PINGPONG_TIMELINE in ablation.STAMPING and ablation.PINGPONG not in ablation.STAMPING
+
+
+def test_the_pingpong_turns_are_balanced_in_the_source():
+    # Every arrival at a turn's barrier must meet a wait, or a later use of the barrier id would complete early:
+    # warpgroup 1 passes the first turn before its loop, warpgroup 0 takes the last one after its loop, and
+    # within a tile each warpgroup takes and passes two.
+    import re
+
+    from mla_lab.extension import CSRC
+
+    src = (CSRC / "stage10_hopper.cu").read_text()
+    body = src[src.index("__device__ void compute("):src.index("// ---- the rows layout")]
+    assert re.search(r"if \(group == 1\) pass_turn\(\);", body)
+    assert re.search(r"if \(group == 0\) take_turn\(\);", body)
+    assert body.count("take_turn();") == 3 and body.count("pass_turn();") == 3
+    assert re.search(r"named_barrier\(kBarTurn \+ group, 256\)", body)
+    assert re.search(r"named_barrier_arrive\(kBarTurn \+ 1 - group, 256\)", body)
+    assert re.search(r"kPingPong && sh\.per_group > kPairsPerGroup", body)  # both warpgroups compute, or no turns
+
+
 def test_only_the_stamping_builds_give_a_timeline():
     w = make_workload(Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64), device="cpu", seed=0)
     with pytest.raises(ValueError, match="does not stamp"):
@@ -427,6 +460,33 @@ def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
     tiles = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all()]
     for g in (0, 1):
         for t in tiles:
+            assert (st[g, t, 1:] >= st[g, t, :-1]).all()
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # several units, cut and whole
+    Problem(streams=5, q_len=16, heads=8, prefix=(5000, 1, 33, 640, 2047), page_size=16),
+    Problem(streams=2, q_len=9, heads=8, prefix=(65531, 3), page_size=64),          # long shares: many turns
+    Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=1),   # 64 pairs: both warpgroups
+    Problem(streams=2, q_len=3, heads=5, prefix=(17, 300), page_size=1),           # 15 pairs: no turns taken
+], ids=lambda p: p.label())
+def test_the_pingpong_build_gives_the_ops_bits_and_replays(problem):
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=12, poison=True)
+    _right_on_two_grids(ablation.PINGPONG, w, reference_attention(*w.args(), check=False))
+    for splits in (None, 7):
+        mine, op = ablation.runner(ablation.PINGPONG, w, num_splits=splits), ablation.runner(ablation.CP_ASYNC, w,
+                                                                                               num_splits=splits)
+        mine(), op()
+        torch.cuda.synchronize()
+        assert torch.equal(mine.out, op.out) and torch.equal(mine.lse, op.lse)  # the same products in the same order
+    st = ablation.timeline(w, num_splits=7, variant=ablation.PINGPONG_TIMELINE)
+    for g in (0, 1):
+        for t in [t for t in range(st.shape[1]) if (st[g, t, 0] > 0)]:
             assert (st[g, t, 1:] >= st[g, t, :-1]).all()
 
 
