@@ -152,6 +152,10 @@ __device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// Four bytes global -> shared (the block table's page ids, fetched ahead of their use).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Arrive on an mbarrier once every cp.async this thread has issued so far has
 // landed, without waiting for them here (.noinc: the arrival is one of those

@@ -235,6 +235,28 @@ constexpr int kROffBars = kROffQRow + kRowsPairs * 8;
 constexpr int kROffPlan = kROffBars + 2 * kRowsRing * 8;
 constexpr int kRowsSmemBytes = kROffPlan + (kPlanWords + kProgressWords) * 4 + 1024;
 static_assert(kRowsSmemBytes <= 232448, "the rows layout must fit a block's shared memory");
+// The seesaw kernel's (hopper_seesaw_kernel): two whole key tiles, K0 and K1, and
+// Q (64 pairs x 9 chunks); then the rows' shared softmax reference, each
+// warpgroup's factor of its tile and its sums, the rows' lengths and rows in q,
+// a barrier per chunk of each tile, the unit's bad-page flags, the scheduler's words.
+constexpr int kSeeThreads = 256;                       // two warpgroups, no loader
+constexpr int kTileBytes = kChunks * kChunkBytes;      // a whole key tile: 72 KB
+constexpr int kSOffQ = 2 * kTileBytes;
+constexpr int kSOffM = kSOffQ + kChunks * kRowsPairs * 128;
+constexpr int kSOffScale = kSOffM + kRowsPairs * 4;
+constexpr int kSOffL = kSOffScale + 2 * kRowsPairs * 4;
+constexpr int kSOffVis = kSOffL + 2 * kRowsPairs * 4;
+constexpr int kSOffQRow = kSOffVis + kRowsPairs * 4;
+constexpr int kSOffBars = kSOffQRow + kRowsPairs * 8;
+constexpr int kSOffBad = kSOffBars + 2 * kChunks * 8;
+constexpr int kSOffPages = kSOffBad + 16;                 // [2 warpgroups][4 tiles][4 boxes]: page ids fetched ahead
+constexpr int kSOffPlan = kSOffPages + 2 * 4 * 4 * 4;
+constexpr int kSeeSmemBytes = kSOffPlan + kPlanWords * 4 + 1024;
+static_assert(kSeeSmemBytes <= 232448, "the seesaw's layout must fit a block's shared memory");
+// A whole unit's bf16 rows leave through Q's region, each padded by 16 bytes
+// (the eight rows a stmatrix writes then fall in different banks).
+constexpr int kSeeOutRowBytes = kDimV * 2 + 16;
+static_assert(kRowsPairs * kSeeOutRowBytes <= kChunks * kRowsPairs * 128, "a unit's output rows must fit Q's region");
 
 // A development aid, compiled only with -DMLA_HOPPER_DEBUG: the first warpgroup
 // of block 0 copies its first tile's S^T, P and O^T (fragment by fragment, at
@@ -328,14 +350,41 @@ struct Shape {
   bool rows;   // the rows layout: groups of up to 64 pairs on wgmma's M
 };
 
-__host__ __device__ constexpr bool rows_layout(int pairs) {
-  return kRowsMode != 0 && pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs;
+// Pairs that fill tiles of 64 on wgmma's M: 64 or more, an eighth of padding at most.
+__host__ __device__ constexpr bool fills_rows(int pairs) {
+  return pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs;
+}
+__host__ __device__ constexpr bool rows_layout(int pairs) { return kRowsMode != 0 && fills_rows(pairs); }
+
+// Pages the tensor copy can read a tile from: one box of 64 keys, or 2 or 4 of 32 or 16.
+__host__ __device__ constexpr bool tma_pages(int page_size) {
+  return page_size % 16 == 0 && (page_size % kKeysPerTile == 0 || kKeysPerTile % page_size == 0);
+}
+// A cache the tensor copy can read: such pages, a 16-byte aligned base and strides, whole rows.
+__host__ __device__ inline bool tma_cache(const MlaParams& p) {
+  return tma_pages(p.page_size) && reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
+         (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
+}
+
+// The seesaw kernel (hopper_seesaw_kernel, below; mla_lab/ablation.py builds
+// it as "seesaw"; the op is built with 0), in units of 64 pairs: where a
+// stream's pairs fill tiles of 64 on wgmma's M and the tensor copy can read
+// tiles from its pages.  The host and every kernel of a call decide it alike,
+// from the call's shape.  (A cache the tensor copy cannot read after all, a
+// base or a stride not a multiple of 16 bytes, is gathered by hopper_kernel in
+// the same units of 64 pairs, 40 and 24 to its warpgroups.)  Every other call
+// runs as in the build without it.
+#ifndef MLA_HOPPER_SEESAW
+#define MLA_HOPPER_SEESAW 0
+#endif
+__host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
+  return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size);
 }
 
 __host__ __device__ inline Shape shape_of(const MlaParams& p) {
   Shape s;
   s.pairs = p.q_len * p.num_heads;
-  s.rows = rows_layout(s.pairs);
+  s.rows = rows_layout(s.pairs) || seesaw_layout(p);
   const int per_block = s.rows ? kRowsPairs : kPairsPerBlock;
   s.groups = (s.pairs + per_block - 1) / per_block;
   s.per_group = (s.pairs + s.groups - 1) / s.groups;  // balanced groups, each <= 80 pairs
@@ -393,8 +442,9 @@ __device__ __forceinline__ int blocks_with_share(const MlaParams& p, const Shape
   return most >= sh.groups && 16 * multiple >= 15 * most ? multiple : most;
 }
 
-// An exclusive prefix sum of one int per thread over the block (shuffles within
-// each warp, then the warps' totals); `total` receives the sum of all.
+// An exclusive prefix sum of one int per thread over the block of kBlockThreads
+// (shuffles within each warp, then the warps' totals); `total` receives the sum of all.
+template <int kBlockThreads = kThreads>
 __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int x = v;
@@ -407,7 +457,7 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int&
   __syncthreads();
   int before = 0, all = 0;
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) {
+  for (int w = 0; w < kBlockThreads / 32; ++w) {
     const int t = warp_totals[w];
     before += w < warp ? t : 0;
     all += t;
@@ -451,9 +501,11 @@ struct Cursor {
 // sums over the same kv_lens, so they agree on the cut without talking.
 // (Its first version, one thread walking all units, took 20 us at 64 units:
 // a 64-bit division per unit and border, one after another.)
+// (kBlockThreads: the block's threads, 384 in the op's kernels, 256 in the seesaw's.)
+template <int kBlockThreads = kThreads>
 __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
   const int tid = threadIdx.x, cta = blockIdx.x;
-  const int per_thread = (sh.units + kThreads - 1) / kThreads;
+  const int per_thread = (sh.units + kBlockThreads - 1) / kBlockThreads;
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
   // The units of one stream (its pair groups) have the same tiles; of several, only if the streams do.
   const bool one_stream = p.batch == 1;
@@ -468,7 +520,7 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   const bool same_tiles = one_stream || __syncthreads_and(same) != 0;  // (one_stream is the same in every thread)
   // One stream: its units all have its tiles, so the sum needs no trip across the block.
   int W = one_stream ? sh.units * tiles0 : 0;
-  const int first = one_stream ? u0 * tiles0 : block_exclusive_sum(mine, words, W);  // my run's first tile
+  const int first = one_stream ? u0 * tiles0 : block_exclusive_sum<kBlockThreads>(mine, words, W);  // my run's first tile
   // The units with tiles, where they all have unit 0's (so unit 0 has some).
   const int filled = !same_tiles || tiles0 == 0 ? 0 : one_stream ? sh.units : W / tiles0;
   C = blocks_with_share(p, sh, W, filled, tiles0);
@@ -477,8 +529,8 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first tile
     int u = u0, a = first;
     for (int n = unit_tiles(p, u); a + n <= cur.x; n = unit_tiles(p, ++u)) a += n;
-    words[kThreads / 32] = u;
-    words[kThreads / 32 + 1] = a;
+    words[kBlockThreads / 32] = u;
+    words[kBlockThreads / 32 + 1] = a;
   }
 
   // One block writes the whole cut down for the combine: each unit's first
@@ -501,7 +553,7 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
       a += n;
     }
     int n_cut;
-    int k = block_exclusive_sum(n_mine, words, n_cut);  // my run's first entry in the list of cut units
+    int k = block_exclusive_sum<kBlockThreads>(n_mine, words, n_cut);  // my run's first entry in the list of cut units
     for (int u = u0, a = first; u < u1; ++u) {
       const int n = unit_tiles(p, u);
       if (is_cut(a, n)) {
@@ -524,15 +576,15 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   const int lane = tid % 32;
   for (int b = cta; b < p.batch; b += gridDim.x) {
     if (stream_ok(p, p.kv_lens[b])) continue;
-    for (int i = tid / 32; i < p.q_len * p.num_heads; i += kThreads / 32) {
+    for (int i = tid / 32; i < p.q_len * p.num_heads; i += kBlockThreads / 32) {
       const int t = i / p.num_heads, h = i % p.num_heads;
       for (int d = lane; d < kDimV; d += 32) out_head(p, b, t, h)[d] = __float2bfloat16(CUDART_NAN_F);
       if (lane == 0) *lse_at(p, b, t, h) = CUDART_NAN_F;
     }
   }
   __syncthreads();  // the share's first unit in words[]
-  cur.unit = __shfl_sync(0xffffffffu, words[kThreads / 32], 0);
-  cur.start = __shfl_sync(0xffffffffu, words[kThreads / 32 + 1], 0);
+  cur.unit = __shfl_sync(0xffffffffu, words[kBlockThreads / 32], 0);
+  cur.start = __shfl_sync(0xffffffffu, words[kBlockThreads / 32 + 1], 0);
   cur.x = __shfl_sync(0xffffffffu, cur.x, 0);
   cur.end = __shfl_sync(0xffffffffu, cur.end, 0);
   C = __shfl_sync(0xffffffffu, C, 0);
@@ -1627,6 +1679,565 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
   }
 }
 
+
+// ---- the seesaw: 64 pairs on M, two key tiles at a time, no loader warpgroup ----
+//
+// The rows layout above multiplies in the right shape (S = Q K^T with N = 64,
+// O += P V with N = 256) but runs at about three quarters of the tensor cores'
+// rate even with nothing to load, and its loads barely overlap: both
+// warpgroups score their tiles at once, then both stop for the softmax, and a
+// loader warpgroup refills a ring of exactly two tiles only as chunks come
+// back.  This kernel keeps the shape and changes the schedule, as FlashMLA's
+// deep-dive describes it (its "seesaw"): each warpgroup holds half of O's dims
+// for all 64 pairs, warpgroup 0 scores the even tiles (A, in K0) and
+// warpgroup 1 the odd ones (B, in K1), and one shared softmax reference is
+// passed from A to B to the next A, so that while one warpgroup runs its
+// softmax the other's products keep the tensor cores busy:
+//
+//   [0] m_A = max(m, rowmax S_A), P_A = 2^(S_A - m_A), O_L *= 2^(m - m_A), O_L += P_A V_A,L
+//   [1] m_B = max(m_A, rowmax S_B), P_B = 2^(S_B - m_B), O_R *= 2^(m - m_B), O_R += P_B V_B,R
+//   [0] P_A *= 2^(m_A - m_B) into shared memory;  [1] O_R += P_A V_A,R
+//   [0] O_L *= 2^(m_A - m_B), O_L += P_B V_B,L;  then the next pair's scores.
+//
+// There is no loader: the thread 0 of each warpgroup asks the tensor copy for
+// a chunk of the next pair's tiles at the moment its last reader is done (a
+// chunk is 64 keys x 64 dims; a tile's 9 chunks each have an mbarrier), so no
+// chunk waits for a hand-back through a barrier and a loader's turn.  P goes
+// into its tile's RoPE chunk, which only the scores read.  The softmax
+// reference moves lazily, as in the op (by more than 2^8), so the rescales of
+// O and of P_A are rare and skipped when no row of a warp needs them.
+//
+// The edges, without gathers: a tile that runs past its stream's end is copied
+// whole from its pages (or, with pages of 16 or 32 keys, without the boxes past
+// the end); its scores there are hidden and its V rows past the end are zeroed
+// in shared memory before the products read them (P is 0 there, and 0 x NaN
+// would not be).  A page outside the pool is not copied (page 0 is, in its
+// place) and its unit's answers are NaN.
+
+// The pages of one key tile's boxes (64, 32 or 16 keys each, as the tensor map
+// reads the cache), looked up once per tile by the thread that copies it.
+struct TilePages {
+  int page[4];  // the page of each box (page 0 stands in for one outside the pool)
+  int boxes;    // boxes that hold keys of the stream (the others are not copied)
+  int in_page;  // the tile's first key within its page (pages of more than 64 keys)
+  int bad;      // a box's page lies outside the pool
+};
+
+__device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const int* table, int kv_len, int tile,
+                                                int box_keys) {
+  TilePages t;
+  const int key0 = tile * kKeysPerTile;
+  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
+  t.boxes = 0;
+  t.bad = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = key0 + i * box_keys;
+    const bool used = i * box_keys < kKeysPerTile && key < kv_len;
+    const int pg = used ? table[key / p.page_size] : 0;
+    const bool outside = used && (pg < 0 || pg >= p.num_pages);
+    t.bad |= outside;
+    t.page[i] = outside ? 0 : pg;
+    t.boxes += used;
+  }
+  return t;
+}
+
+// The block table's entries of tile `tile`'s boxes, copied by cp.async into
+// `ring` (a slot of 4 ints per tile, 4 tiles) a pair of tiles before the
+// copies need them.  (A load used when the copies are issued stalls the
+// copier's warp, and with it its warpgroup's products and barriers, for a
+// trip to L2: about 1500 cycles, twice a pair of tiles in each warpgroup at
+// 8 streams of 64 heads, when the pages were loaded there.)
+__device__ __forceinline__ void fetch_pages(const MlaParams& p, const int* table, int kv_len, int tile, int box_keys,
+                                            int* ring) {
+  const int key0 = tile * kKeysPerTile;
+  int* slot = ring + 4 * (tile & 3);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len)
+      cp_async4(smem_addr(slot + i), table + (key0 + i * box_keys) / p.page_size);
+}
+// The pages of a tile whose entries fetch_pages copied (after the copier's cp.async wait).
+__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, int kv_len, int tile, int box_keys,
+                                                const int* ring) {
+  TilePages t;
+  const int key0 = tile * kKeysPerTile;
+  const int* slot = ring + 4 * (tile & 3);
+  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
+  t.boxes = 0;
+  t.bad = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
+    const int pg = used ? slot[i] : 0;
+    const bool outside = used && (pg < 0 || pg >= p.num_pages);
+    t.bad |= outside;
+    t.page[i] = outside ? 0 : pg;
+    t.boxes += used;
+  }
+  return t;
+}
+
+// Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
+__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
+                                           int j) {
+  const int box_keys = kv.box_keys;
+  mbar_arrive_expect_tx(bar, t.boxes * box_keys * 128);
+  const uint32_t dst = tile_s + j * kChunkBytes;
+  tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
+  if (t.boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[1], bar);
+  if (t.boxes > 2) tma_load_3d(dst + 2 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[2], bar);
+  if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
+}
+
+constexpr int kBarScaleA = 1, kBarScaleB = 2, kBarPA = 3, kBarPB = 4;  // the seesaw's handshakes (256 threads)
+constexpr int kBarSeeBoth = 5, kBarSeeOwn = 6;                         // both warpgroups; one (6 + warpgroup)
+
+__device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem, const KvTensor& kv) {
+  // The warpgroup, through a shuffle so the compiler knows it is the same in
+  // every lane: a branch on it is then not divergent, and wgmma stays unserialised.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = 2 * (lane % 4);
+  const int row0 = 16 * warp + g;  // this thread's rows: row0 and row0 + 8
+  const bool copier = tid == 0;    // asks for this warpgroup's copies
+  const uint32_t k0_s = smem_addr(smem), k1_s = k0_s + kTileBytes;
+  const uint32_t q_s = smem_addr(smem + kSOffQ);
+  const uint64_t q_desc = sw128_desc(q_s, 1024);
+  // V as the B operand of N = 256: four chunks side by side, a chunk apart.
+  const uint64_t v0_desc = sw128_desc(k0_s, 1024, kChunkBytes), v1_desc = sw128_desc(k1_s, 1024, kChunkBytes);
+  const uint64_t k0_desc = sw128_desc(k0_s, 1024), k1_desc = sw128_desc(k1_s, 1024);
+  float* m_s = reinterpret_cast<float*>(smem + kSOffM);
+  float* scale_s = reinterpret_cast<float*>(smem + kSOffScale);  // [0]: tile A's factor, [1]: tile B's
+  float* l_s = reinterpret_cast<float*>(smem + kSOffL);
+  int* vis_s = reinterpret_cast<int*>(smem + kSOffVis);
+  int64_t* q_row_s = reinterpret_cast<int64_t*>(smem + kSOffQRow);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kSOffBars);  // K0's 9 chunks, then K1's
+  int* bad_s = reinterpret_cast<int*>(smem + kSOffBad);            // by unit parity
+  int* ring = reinterpret_cast<int*>(smem + kSOffPages) + 16 * wg;  // this copier's page ids, fetched ahead
+  const float scale_log2 = p.scale * kLog2e;
+  const int first_share_unit = cur.unit;
+  const int dim_half = 4 * wg;  // this warpgroup's V chunks: dims 256 wg .. 256 wg + 255
+  int phase = 0;                // parity of the next fill of this warpgroup's tile (K0 or K1)
+  int unit_count = 0;
+#if MLA_HOPPER_TIMELINE
+  // Thread 0 of each warpgroup of block 0 stamps six points of each of its
+  // first pairs of tiles (warpgroup 0: its start, A's softmax done, A's products
+  // done, B's reference known, P_B known, the next A's scores done; warpgroup
+  // 1: its start, A's reference known, B's softmax done, P_A known, its products
+  // done, the next B's scores done).
+  const long long stamp_start = clock64();
+  int stamp_tile = 0;
+#define SEE_STAMP(event) \
+  if (blockIdx.x == 0 && tid == 0 && stamp_tile < kStampTiles) \
+    tile_stamps[wg][stamp_tile][event] = float(clock64() - stamp_start)
+#else
+#define SEE_STAMP(event)
+#endif
+
+  // S = Q K^T of a tile over its chunks start, start + 1, ... (n of them, from
+  // 8 back to 0), each chunk's four k-steps as soon as it has landed, one commit.
+  auto scores = [&](float (&sc)[32], uint64_t k_desc, uint64_t* tile_bars, int start, int n, bool first) {
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const int j = (start + i) % kChunks;
+      mbar_wait(&tile_bars[j], phase);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n64k16_ss<0>(sc, q_desc + ((j * kRowsPairs * 128 + 32 * ks) >> 4),
+                              k_desc + ((j * kChunkBytes + 32 * ks) >> 4), !(first && i == 0 && ks == 0));
+    }
+    wgmma_commit();
+  };
+  // O[:, this warpgroup's dims] += P V, P in registers or (p_s) in shared memory.
+  // (No fence on O here: an instruction that seems to write O while a wgmma
+  // does makes ptxas serialise every wgmma of the kernel.)
+  auto pv_regs = [&](float (&o)[4][32], uint32_t (&pk)[16], uint64_t v_desc) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pk[i])::"memory");  // P is final before the fence
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_rs_tb(o, &pk[4 * ks], v_desc + ((dim_half * kChunkBytes + 2048 * ks) >> 4));
+    wgmma_commit();
+  };
+  auto pv_smem = [&](float (&o)[4][32], uint32_t p_s, uint64_t v_desc) {
+    const uint64_t p_desc = sw128_desc(p_s, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_ss_tb(o, p_desc + ((32 * ks) >> 4), v_desc + ((dim_half * kChunkBytes + 2048 * ks) >> 4));
+    wgmma_commit();
+  };
+  // P (row n = pair, its 64 keys in one swizzled 128-byte row) into the chunk at p_s.
+  auto store_p = [&](const uint32_t (&pk)[16], uint32_t p_s) {
+    const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int col = i + mat / 2;
+      stmatrix_x4(p_s + n * 128 + ((col ^ (n & 7)) << 4), pk[2 * i], pk[2 * i + 1], pk[2 * i + 2], pk[2 * i + 3]);
+    }
+  };
+  // Zeros in rows `valid` .. 63 of this warpgroup's V chunks of the tile at
+  // tile_s (its keys past the stream's end), visible to the tensor cores and to
+  // the whole warpgroup before its products read them.
+  auto zero_tail = [&](uint32_t tile_s, int valid) {
+    for (int i = tid; i < (kKeysPerTile - valid) * 32; i += 128) {
+      const int r = valid + i / 32, k = (i / 8) % 4, col = i % 8;
+      st_shared_u128(tile_s + (dim_half + k) * kChunkBytes + r * 128 + col * 16, 0, 0, 0, 0);
+    }
+    fence_proxy_async();
+    named_barrier(kBarSeeOwn + wg, 128);
+  };
+
+  int u, t0, t1;
+  while (cur.next(p, u, t0, t1)) {
+    const int b = u % p.batch, grp = u / p.batch;
+    const int kv_len = p.kv_lens[b];
+    const int* table = p.block_table + (int64_t)b * p.bt_stride_b;
+    const int pair0 = grp * sh.per_group;
+    const int n_pairs = max(0, min(sh.per_group, sh.pairs - pair0));
+    int* bad_flag = bad_s + (unit_count++ & 1);
+    int bad_pages = 0;  // this copier's: a page outside the pool among the tiles it copied
+
+    // The unit's first two tiles, before its Q, so that they land while Q
+    // does.  (Every product of the previous unit is done: its end passed a
+    // barrier of both warpgroups after their last waits.)
+    if (threadIdx.x == 0) {
+      const TilePages ta = tile_pages(p, table, kv_len, t0, kv.box_keys);
+      for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], ta, j);
+      int bad = ta.bad;
+      if (t0 + 1 < t1) {
+        const TilePages tb = tile_pages(p, table, kv_len, t0 + 1, kv.box_keys);
+        for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], tb, j);
+        bad |= tb.bad;
+      }
+      *bad_flag = bad;  // (the flag of the unit before last: read before this unit's first barrier)
+    }
+    if (copier) {  // the next pair's page ids, waited for with the unit's Q below
+      if (t0 + 2 < t1) fetch_pages(p, table, kv_len, t0 + 2, kv.box_keys, ring);
+      if (t0 + 3 < t1) fetch_pages(p, table, kv_len, t0 + 3, kv.box_keys, ring);
+    }
+    load_unit_q<true>(p, b, kv_len, pair0, n_pairs, kRowsPairs, q_s, q_row_s, vis_s, m_s, threadIdx.x, kSeeThreads,
+                      kBarSeeBoth);
+    const int vis0 = vis_s[row0], vis1 = vis_s[row0 + 8];
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier(kBarSeeBoth, kSeeThreads);
+
+    float o[4][32];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 32; ++r) o[j][r] = 0.f;
+    float l0 = 0.f, l1 = 0.f;  // this thread's part of its rows' sums over this warpgroup's tiles
+    const int first_hidden = kv_len - p.q_len + 1;  // the first key some row may not see (the causal draft)
+
+    // Scale the scores of `tile`, hide the keys a row may not see, and find each row's maximum.
+    auto row_max = [&](float (&sc)[32], int tile, float& mx0, float& mx1) {
+      const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
+      const int key0 = tile * kKeysPerTile + c;
+      mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float lo = sc[4 * i + e] * scale_log2, hi = sc[4 * i + 2 + e] * scale_log2;
+          if (edge) {
+            const int key = key0 + 8 * i + e;
+            lo = key < vis0 ? lo : -CUDART_INF_F;
+            hi = key < vis1 ? hi : -CUDART_INF_F;
+          }
+          sc[4 * i + e] = lo;
+          sc[4 * i + 2 + e] = hi;
+          mx0 = fmaxf(mx0, lo);
+          mx1 = fmaxf(mx1, hi);
+        }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    };
+    // P = 2^(s - reference) as bf16 pairs (a register A operand), and this thread's part of the rows' sums.
+    auto exponentiate = [&](const float (&sc)[32], float n0, float n1, uint32_t (&pk)[16], float& s0, float& s1) {
+      const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
+        const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
+        pk[2 * i] = pack_bf16x2(p0, p1);
+        pk[2 * i + 1] = pack_bf16x2(p2, p3);
+        s0 += p0 + p1;
+        s1 += p2 + p3;
+      }
+    };
+    // The reference moves only where a score passes it by 2^8 (-inf + 8 is -inf: a first key always moves it).
+    auto moved = [](float mx, float m) { return mx > m + kRescaleLog2 ? mx : m; };
+    auto factor = [](float m_old, float m_new) { return m_new == m_old ? 1.f : exp2f(m_old - m_new); };
+    auto rescale = [&](float f0, float f1) {  // only where no product of this warpgroup is in flight
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          o[j][4 * i] *= f0;
+          o[j][4 * i + 1] *= f0;
+          o[j][4 * i + 2] *= f1;
+          o[j][4 * i + 3] *= f1;
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+    };
+
+    float sc[32];
+    uint32_t pk[16];
+    // The unit's first scores: A's by warpgroup 0, B's by warpgroup 1.
+    if (wg == 0 || t0 + 1 < t1) {
+      scores(sc, wg == 0 ? k0_desc : k1_desc, bars + wg * kChunks, 0, kChunks, true);
+      wgmma_wait<0>();
+      fence_accumulators(sc);
+      phase ^= 1;
+    }
+
+    for (int tile = t0; tile < t1; tile += 2) {
+      const bool has_b = tile + 1 < t1, has_a2 = tile + 2 < t1, has_b2 = tile + 3 < t1;
+      // The page ids of the pair after next, fetched now; those of the next pair
+      // were fetched a pair ago (or with the unit's Q): only they are waited for.
+      if (copier) {
+        if (tile + 4 < t1) fetch_pages(p, table, kv_len, tile + 4, kv.box_keys, ring);
+        if (tile + 5 < t1) fetch_pages(p, table, kv_len, tile + 5, kv.box_keys, ring);
+        cp_async_commit();
+      }
+      bool fetched = false;
+      auto pages_of = [&](int t) {
+        if (!fetched) cp_async_wait<1>();  // all but this pair's fetch
+        fetched = true;
+        return ring_pages(p, kv_len, t, kv.box_keys, ring);
+      };
+      const int valid_a = kv_len - tile * kKeysPerTile, valid_b = valid_a - kKeysPerTile;  // keys of the stream in A, B
+      SEE_STAMP(0);
+      if (wg == 0) {
+        // ---- warpgroup 0: tile A, dims 0..255 ----
+        float mx0, mx1;
+        row_max(sc, tile, mx0, mx1);
+        const float m0 = m_s[row0], m1 = m_s[row0 + 8];  // the reference the last tile left
+        const float n0 = moved(mx0, m0), n1 = moved(mx1, m1);
+        const float a0 = factor(m0, n0), a1 = factor(m1, n1);
+        float s0 = 0.f, s1 = 0.f;
+        exponentiate(sc, n0, n1, pk, s0, s1);
+        l0 = l0 * a0 + s0;
+        l1 = l1 * a1 + s1;
+        __syncwarp();  // the quad's reads of m_s before its write
+        if (c == 0) {
+          m_s[row0] = n0;
+          m_s[row0 + 8] = n1;
+          scale_s[row0] = a0;
+          scale_s[row0 + 8] = a1;
+        }
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+        named_barrier_arrive(kBarScaleA, kSeeThreads);
+        SEE_STAMP(1);
+        if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
+        pv_regs(o, pk, v0_desc);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(2);
+        // A's chunks 0..3: read by its scores and by these products, both done.
+        if (copier && has_a2) {
+          const TilePages na = pages_of(tile + 2);
+          for (int j = 0; j < 4; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          bad_pages |= na.bad;
+        }
+        named_barrier(kBarScaleB, kSeeThreads);  // B's reference and factor are known
+        SEE_STAMP(3);
+        const float b0 = scale_s[kRowsPairs + row0], b1 = scale_s[kRowsPairs + row0 + 8];
+        const bool b_moved = __any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f);
+        if (b_moved) {  // P_A for warpgroup 1, in B's reference
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const float f = i % 2 ? b1 : b0;
+            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pk[i]));
+            pk[i] = pack_bf16x2(v.x * f, v.y * f);
+          }
+        }
+        store_p(pk, k0_s + (kChunks - 1) * kChunkBytes);  // A's RoPE chunk: its scores are done
+        fence_proxy_async();
+        named_barrier_arrive(kBarPA, kSeeThreads);
+        if (has_b && valid_b < kKeysPerTile) zero_tail(k1_s, valid_b);
+        named_barrier(kBarPB, kSeeThreads);  // P_B is in B's RoPE chunk
+        SEE_STAMP(4);
+        l0 *= b0;
+        l1 *= b1;
+        if (b_moved) rescale(b0, b1);
+        if (has_b) pv_smem(o, k1_s + (kChunks - 1) * kChunkBytes, v1_desc);
+        if (has_a2) {
+          scores(sc, k0_desc, bars, 0, 4, true);
+          wgmma_wait<1>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
+          if (copier && has_b2) {
+            const TilePages nb = pages_of(tile + 3);
+            for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+          }
+          scores(sc, k0_desc, bars, 4, 5, false);
+          wgmma_wait<0>();
+          fence_accumulators(sc);
+          phase ^= 1;
+        } else {
+          wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(5);
+      } else {
+        // ---- warpgroup 1: tile B, dims 256..511 ----
+        named_barrier(kBarScaleA, kSeeThreads);  // A's reference and factor are known
+        SEE_STAMP(1);
+        const float m0 = m_s[row0], m1 = m_s[row0 + 8];
+        const float a0 = scale_s[row0], a1 = scale_s[row0 + 8];
+        float n0 = m0, n1 = m1, s0 = 0.f, s1 = 0.f;
+        if (has_b) {
+          float mx0, mx1;
+          row_max(sc, tile + 1, mx0, mx1);
+          n0 = moved(mx0, m0);
+          n1 = moved(mx1, m1);
+          exponentiate(sc, n0, n1, pk, s0, s1);
+        }
+        const float b0 = factor(m0, n0), b1 = factor(m1, n1);
+        __syncwarp();
+        if (c == 0) {
+          m_s[row0] = n0;
+          m_s[row0 + 8] = n1;
+          scale_s[kRowsPairs + row0] = b0;
+          scale_s[kRowsPairs + row0 + 8] = b1;
+        }
+        const float f0 = a0 * b0, f1 = a1 * b1;
+        l0 = l0 * f0 + s0;
+        l1 = l1 * f1 + s1;
+        if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f)) rescale(f0, f1);
+        named_barrier_arrive(kBarScaleB, kSeeThreads);
+        SEE_STAMP(2);
+        if (has_b) {
+          store_p(pk, k1_s + (kChunks - 1) * kChunkBytes);  // B's RoPE chunk: its scores are done
+          if (valid_b < kKeysPerTile) zero_tail(k1_s, valid_b);  // (its fence covers P_B too)
+          else fence_proxy_async();
+          pv_regs(o, pk, v1_desc);
+        }
+        named_barrier(kBarPA, kSeeThreads);  // P_A is in A's RoPE chunk
+        SEE_STAMP(3);
+        if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
+        pv_smem(o, k0_s + (kChunks - 1) * kChunkBytes, v0_desc);
+        named_barrier_arrive(kBarPB, kSeeThreads);
+        if (has_b) {
+          wgmma_wait<1>();  // B's products are done: its chunks 4..7 are free
+          if (copier && has_b2) {
+            const TilePages nb = pages_of(tile + 3);
+            for (int j = 4; j < 8; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            bad_pages |= nb.bad;
+          }
+        }
+        wgmma_wait<0>();  // A's products are done: its chunks 4..8 are free
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(4);
+        if (copier && has_a2) {
+          const TilePages na = pages_of(tile + 2);
+          for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+        }
+        if (has_b2) {
+          scores(sc, k1_desc, bars + kChunks, 4, kChunks, true);  // its own copies (4..7) first
+          wgmma_wait<0>();
+          fence_accumulators(sc);
+          phase ^= 1;
+        }
+        SEE_STAMP(5);
+      }
+#if MLA_HOPPER_TIMELINE
+      ++stamp_tile;
+#endif
+    }
+
+    if (bad_pages) atomicOr(bad_flag, 1);
+    // The sums: of this thread's quad by shuffles, of the two warpgroups through shared memory.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (c == 0) {
+      l_s[wg * kRowsPairs + row0] = l0;
+      l_s[wg * kRowsPairs + row0 + 8] = l1;
+    }
+    named_barrier(kBarSeeBoth, kSeeThreads);  // both halves' sums, the last reference, the unit's flag
+    const bool bad = *bad_flag != 0;
+
+    // Write the unit: whole -> out and lse (its rows staged in Q's region, then
+    // whole lines); cut -> this block's partial slot (its dims, 32-byte sectors).
+    const bool whole = t0 == 0 && t1 == unit_tiles(p, u);
+    const int slot = u == first_share_unit ? 0 : 1;
+    const int64_t part_row0 = ((int64_t)blockIdx.x * 2 + slot) * kPairsPerBlock;
+    const int dim0 = 256 * wg + c;
+    if (whole) {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int n = row0 + 8 * h2;
+        const float inv = bad ? CUDART_NAN_F : 1.f / (l_s[n] + l_s[kRowsPairs + n]);
+        if (h2 == 0) l0 = inv;
+        else l1 = inv;
+      }
+      const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
+      const uint32_t row_s = q_s + n * kSeeOutRowBytes + 2 * 256 * wg;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2)
+          stmatrix_x4(row_s + 2 * (64 * j + 8 * (i + mat / 2)), pack_bf16x2(o[j][4 * i] * l0, o[j][4 * i + 1] * l0),
+                      pack_bf16x2(o[j][4 * i + 2] * l1, o[j][4 * i + 3] * l1),
+                      pack_bf16x2(o[j][4 * i + 4] * l0, o[j][4 * i + 5] * l0),
+                      pack_bf16x2(o[j][4 * i + 6] * l1, o[j][4 * i + 7] * l1));
+      named_barrier(kBarSeeBoth, kSeeThreads);
+      // Each warp copies whole rows, 512 bytes a store instruction.
+      for (int n2 = threadIdx.x / 32; n2 < n_pairs; n2 += kSeeThreads / 32) {
+        const int pr = pair0 + n2, t = pr / p.num_heads, h = pr % p.num_heads;
+        bf16* dst = out_head(p, b, t, h);
+        const unsigned char* src = smem + kSOffQ + n2 * kSeeOutRowBytes;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          *reinterpret_cast<uint4*>(dst + 8 * (lane + 32 * k)) = *reinterpret_cast<const uint4*>(src + 16 * (lane + 32 * k));
+      }
+      if (threadIdx.x < n_pairs) {
+        const int n2 = threadIdx.x, pr = pair0 + n2, t = pr / p.num_heads, h = pr % p.num_heads;
+        const float l = l_s[n2] + l_s[kRowsPairs + n2];
+        *lse_at(p, b, t, h) = bad ? CUDART_NAN_F : (m_s[n2] + log2f(l)) * 0.6931471805599453f;
+      }
+    } else {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int n = row0 + 8 * h2;
+        if (n >= n_pairs) continue;
+        const float l = l_s[n] + l_s[kRowsPairs + n];
+        const bool empty_part = l == 0.f;
+        const float inv = bad ? CUDART_NAN_F : 1.f / l;
+        float* dst = p.o_partial + (part_row0 + n) * kDimV + dim0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            *reinterpret_cast<float2*>(dst + 64 * j + 8 * i) =
+                empty_part && !bad ? make_float2(0.f, 0.f)
+                                   : make_float2(o[j][4 * i + 2 * h2] * inv, o[j][4 * i + 2 * h2 + 1] * inv);
+        if (wg == 0 && c == 0)
+          p.lse_partial[part_row0 + n] = bad ? CUDART_NAN_F
+                                         : empty_part ? -CUDART_INF_F
+                                                      : (m_s[n] + log2f(l)) * 0.6931471805599453f;
+      }
+    }
+    // (The next unit's Q load begins with a barrier of both warpgroups: nobody
+    // overwrites the staged rows, the sums or the reference before they are read.)
+  }
+#undef SEE_STAMP
+}
+
 #endif  // MLA_SM90A
 
 #if MLA_SM90A
@@ -1723,6 +2334,34 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_tma_kernel(const MlaParams
 __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
   hopper_main<true, kUseTma, kFenceGatheredOnly>(p, kv);
+#else
+  __trap();
+#endif
+}
+#endif
+
+#if MLA_HOPPER_SEESAW
+// The op's kernel where a stream's pairs fill tiles of 64 and the tensor copy
+// reads the cache (seesaw_layout): two warpgroups and no loader, the same
+// scheduler, partials and merges as hopper_kernel.
+__global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const MlaParams p,
+                                                                      const __grid_constant__ KvTensor kv) {
+#if MLA_SM90A
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kSOffBars);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2 * kChunks; ++s) mbar_init(&bars[s], 1);  // one arrival: the copier's, with its bytes
+    fence_proxy_async();  // the barriers' initial state, visible to the copies that complete on them
+  }
+  wait_for_previous_grid();  // (launched early behind the stream's previous kernel: see hopper_main)
+  const Shape sh = shape_of(p);
+  Cursor cur;
+  int C;
+  plan_share<kSeeThreads>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
+  if (blockIdx.x >= C) return;
+  seesaw(p, sh, cur, smem, kv);
+  launch_dependents();
 #else
   __trap();
 #endif
@@ -2100,10 +2739,6 @@ cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_
 // 1.05 of it at one or two.)  The host also needs a tensor map of the cache
 // (kv_tensor), which an unaligned cache does not get.
 constexpr int kTmaTilesPerBlock = 12;
-// Pages the tensor copy can read a tile from: one box of 64 keys, or 2 or 4 of 32 or 16.
-bool tma_pages(int page_size) {
-  return page_size % 16 == 0 && (page_size % kKeysPerTile == 0 || kKeysPerTile % page_size == 0);
-}
 // The most tiles a unit can have: the block table's width (the lengths live on the GPU).
 int64_t unit_tiles_bound(const MlaParams& p) {
   return ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
@@ -2116,11 +2751,16 @@ bool tma_pays(const MlaParams& p) {
 }
 // The launch of hopper_kernel (hopper_rows_kernel in the rows layout).
 LaunchGeometry cp_async_geometry(const MlaParams& p) {
-  return {dim3(p.num_splits), dim3(kThreads), shape_of(p).rows ? kRowsSmemBytes : kSmemBytes};
+  return {dim3(p.num_splits), dim3(kThreads), rows_layout(p.q_len * p.num_heads) ? kRowsSmemBytes : kSmemBytes};
 }
 LaunchGeometry main_geometry(const MlaParams& p) {
-  if (tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_tma_kernel is
+  if (tma_pays(p)) return {dim3(0), dim3(0), 0};      // not launched: hopper_tma_kernel is
+  if (seesaw_layout(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_seesaw_kernel is
   return cp_async_geometry(p);
+}
+LaunchGeometry seesaw_geometry(const MlaParams& p) {
+  if (!seesaw_layout(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel or hopper_tma_kernel is
+  return {dim3(p.num_splits), dim3(kSeeThreads), kSeeSmemBytes};
 }
 LaunchGeometry tma_geometry(const MlaParams& p) {
   if (!tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel is
@@ -2161,9 +2801,7 @@ LaunchGeometry merge_by_warps_geometry_10(const MlaParams& p) {
 KvTensor kv_tensor(const MlaParams& p) {
   KvTensor kv = {};
   const int box_keys = std::min(p.page_size, kKeysPerTile);
-  const bool fits = tma_pages(p.page_size) && reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && (p.kv_stride_slot * 2) % 16 == 0 &&
-                    (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
-  if (!fits) return kv;
+  if (!tma_cache(p)) return kv;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return kv;
   struct Key {
@@ -2216,6 +2854,10 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(hopper_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRowsSmemBytes);
 #endif
+#if MLA_HOPPER_SEESAW
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(hopper_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeeSmemBytes);
+#endif
     if (err != cudaSuccess) return err;
     if (device < 64) opted_in[device] = true;
   }
@@ -2224,6 +2866,16 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   auto* main_kernel = sh.rows ? hopper_rows_kernel : hopper_kernel;
 #else
   auto* main_kernel = hopper_kernel;
+#endif
+#if MLA_HOPPER_SEESAW
+  if (seesaw_layout(q)) {
+    const KvTensor kv = kv_tensor(q);
+    if (kv.box_keys != 0)
+      err = launch(hopper_seesaw_kernel, seesaw_geometry(q), stream, pdl, q, kv);
+    else  // no tensor map for this cache: gathered, in the same units of 64 pairs
+      err = launch(hopper_kernel, LaunchGeometry{dim3(q.num_splits), dim3(kThreads), kSmemBytes}, stream, pdl, q,
+                   KvTensor{});
+  } else
 #endif
 #if MLA_HOPPER_DISPATCH
   if (tma_pays(q)) {
@@ -2286,6 +2938,9 @@ int hopper_kernels(const KernelHandle** handles) {
       {"hopper_kernel", (const void*)hopper_kernel, kThreads, main_geometry},
 #if MLA_HOPPER_DISPATCH
       {"hopper_tma_kernel", (const void*)hopper_tma_kernel, kThreads, tma_geometry},
+#endif
+#if MLA_HOPPER_SEESAW
+      {"hopper_seesaw_kernel", (const void*)hopper_seesaw_kernel, kSeeThreads, seesaw_geometry},
 #endif
 #if MLA_HOPPER_ROWS
       {"hopper_rows_kernel", (const void*)hopper_rows_kernel, kThreads, main_geometry},

@@ -52,6 +52,19 @@ what ``no_copies`` and ``no_math`` take from the op.  ``rows_tma``
 ``tma`` build's loader, which fills the same chunks in the same swizzle; its
 answers are right, and ``rows_tma_no_math`` is its loads alone.
 
+``seesaw`` (``-DMLA_HOPPER_SEESAW=1``) is the rows layout scheduled as
+FlashMLA's deep-dive describes (its "seesaw"), in a kernel of its own,
+``hopper_seesaw_kernel``: two warpgroups and no loader, each holding half of
+O's dims; warpgroup 0 scores the even tiles and warpgroup 1 the odd ones, and
+one softmax reference passes from tile to tile between them, so that one
+warpgroup's softmax runs beside the other's products; each chunk of the next
+two tiles is asked of the tensor copy by a compute thread the moment its last
+reader is done.  Where a stream's pairs do not fill tiles of 64, or the pages
+cannot be read by the tensor copy (pages of 1), its calls run the op's
+``cp.async`` kernel.  Its answers are right; ``seesaw_timeline`` stamps six
+points of each pair of tiles in each warpgroup (:data:`SEESAW_STAMP_EVENTS`,
+:func:`seesaw_timeline_summary`).
+
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
 this tile's products, handing each V chunk back as its products finish,
@@ -126,6 +139,9 @@ ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],
 # The rows layout fed by the TMA loader, whole and its loads alone.
 ROWS_TMA = "rows_tma"
 ROWS_TMA_NO_MATH = "rows_tma_no_math"
+# The rows layout in FlashMLA's seesaw schedule, with no loader (-DMLA_HOPPER_SEESAW=1), and its timeline.
+SEESAW = "seesaw"
+SEESAW_TIMELINE = "seesaw_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -157,6 +173,8 @@ MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 CP_ASYNC = "cp_async"
 BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
+          SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
+          SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -174,10 +192,20 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
-STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE)
+STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
+# What the seesaw kernel stamps instead, per pair of tiles (A, scored by warpgroup 0; B, by warpgroup 1), in
+# warpgroup 0 and in warpgroup 1.
+SEESAW_STAMP_EVENTS = (("pair start", "A's softmax done", "A's products done", "B's reference known", "P_B known",
+                        "next A's scores done"),
+                       ("pair start", "A's reference known", "B's softmax done", "P_A known", "its products done",
+                        "next B's scores done"))
+# The tensor cores' work in a pair of tiles of the seesaw: two tiles' scores (2 x 36 products of 64 x 64 x 16) and
+# four products of P V of 64 x 256 x 64 (each 4 of 64 x 256 x 16), at the H200's dense bf16 rate per SM and cycle
+# (4096 FLOP: 989 TFLOP/s over 132 SMs at 1.83 GHz).
+SEESAW_PAIR_TENSOR_CYCLES = (2 * 36 * 2 * 64 * 64 * 16 + 4 * 4 * 2 * 64 * 256 * 16) // 4096
 
 
 def build_defines(variant: str) -> list[str]:
@@ -202,8 +230,10 @@ def load(variant: str, verbose: bool = False):
 
 def main_kernel(variant: str | None) -> str:
     """The name of the main kernel that ``variant``'s build launches on a stream of many pairs."""
-    rows = variant is not None and "-DMLA_HOPPER_ROWS=1" in build_defines(variant)
-    return "hopper_rows_kernel" if rows else "hopper_kernel"
+    defines = build_defines(variant) if variant is not None else []
+    if "-DMLA_HOPPER_SEESAW=1" in defines:
+        return "hopper_seesaw_kernel"
+    return "hopper_rows_kernel" if "-DMLA_HOPPER_ROWS=1" in defines else "hopper_kernel"
 
 
 def main_sass(variant: str | None) -> str:
@@ -386,6 +416,31 @@ def timeline_summary(stamps, first: int = 2) -> dict:
     out["overlap"] = float(np.mean(both))
     out["tiles"] = len(tiles)
     return out
+
+
+def seesaw_timeline_summary(stamps, first: int = 2) -> dict:
+    """The seesaw's pair of tiles from its stamps (:data:`SEESAW_STAMP_EVENTS`): the median period (cycles from
+    one pair's start to the next's, each warpgroup), the median of each warpgroup's five phases (from one stamp to
+    the next), the period over :data:`SEESAW_PAIR_TENSOR_CYCLES`, the tensor cores' own time for a pair, and how
+    far apart the two warpgroups' scores of the next pair end (the median, as a fraction of the period).
+
+    Pairs ``first`` onwards count (the first ones include the pipeline's start), up to the last whose successor
+    also started.
+    """
+    import numpy as np
+
+    st = np.asarray(stamps, dtype=float)
+    started = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all() and (st[:, t, 5] > 0).all()]
+    pairs = [t for t in started if t >= first and t + 1 in started]
+    if not pairs:
+        raise ValueError("no complete pair of tiles after the first ones: the block had too few")
+    period = float(np.median([st[g, t + 1, 0] - st[g, t, 0] for g in (0, 1) for t in pairs]))
+    phases = [{f"{SEESAW_STAMP_EVENTS[g][e - 1]} -> {SEESAW_STAMP_EVENTS[g][e]}":
+               float(np.median([st[g, t, e] - st[g, t, e - 1] for t in pairs])) for e in range(1, 6)} for g in (0, 1)]
+    # how far apart the two warpgroups finish the next pair's scores, as a fraction of a pair
+    apart = float(np.median([abs(st[1, t, 5] - st[0, t, 5]) for t in pairs])) / period
+    return {"period": period, "phases": phases, "pairs": len(pairs),
+            "over_tensor": period / SEESAW_PAIR_TENSOR_CYCLES, "scores_end_apart": apart}
 
 
 def timeline_median(calls, first: int = 2) -> dict:

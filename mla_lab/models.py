@@ -412,15 +412,18 @@ class HopperPlan:
         return out
 
 
-def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None) -> HopperPlan:
+def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None,
+                pairs_per_block: int | None = None) -> HopperPlan:
     """Stage 10's scheduler on the CPU (the same integer arithmetic as the main kernel's ``plan_share``).
 
     ``capacity`` is the block table's tokens per stream; a stream whose length
     is below ``q_len`` or above it gets no tiles (the kernel writes it NaN).
+    ``pairs_per_block``: a unit's most pairs (the op's 80 by default; the
+    seesaw build's 64).
     """
     st = _stages.get("hopper")
     pairs = q_len * heads
-    groups = _stages.hopper_groups(q_len, heads)
+    groups = -(-pairs // (pairs_per_block or _stages.HOPPER_PAIRS_PER_BLOCK))
     per_group = -(-pairs // groups)
     lens = [int(x) for x in kv_lens]
     tiles = [-(-L // st.keys_per_tile) if L >= q_len and (capacity is None or L <= capacity) else 0 for L in lens]
@@ -466,23 +469,90 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
 HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this
 
 
-def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):
-    """Stage 10: the plan, each block's share piece by piece, the combine of the cut units.
+def _hopper_tiles(w, b, q, vis, tiles, tr, round_p):
+    """The op's loop over one piece of a unit: tile after tile, one lazy softmax reference per pair."""
+    log2e = 1.0 / math.log(2.0)
+    K, L = HOPPER_KEYS, int(w.kv_lens[b])
+    m = torch.full((q.shape[0],), -math.inf)
+    l = torch.zeros(q.shape[0])
+    acc = torch.zeros(q.shape[0], D_V)
+    for tile in tiles:
+        keys = torch.arange(tile * K, min((tile + 1) * K, L))
+        kv = _kv_rows(w, b, keys, tr)
+        s_ = (q @ kv.T) * (w.scale * log2e)
+        s_ = s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf)
+        # the reference max m moves only when a score passes it by more than 2^8
+        t = s_.max(-1).values
+        move = t > m + HOPPER_RESCALE_LOG2
+        m_new = torch.where(move, t, m)
+        m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.where(move, torch.exp2(m - m_use), torch.ones_like(m))
+        p_ = torch.exp2(s_ - m_use[:, None])
+        l = l * alpha + p_.sum(-1)
+        p_v = p_.bfloat16().float() if round_p else p_
+        acc = acc * alpha[:, None] + p_v @ kv[:, :D_V]
+        m = m_new
+    return acc, m, l
 
-    As on the tensor cores of stage 9, P is rounded to bf16 before it
-    multiplies V and the softmax runs in base 2; ``round_p=False`` keeps P in
-    fp32.  ``num_splits`` is the persistent grid (blocks); default 132.
-    """
+
+def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p):
+    """The seesaw build's loop over one piece of a unit (``hopper_seesaw_kernel``): the tiles in pairs, A scored
+    by warpgroup 0 (dims 0..255 of O), B by warpgroup 1 (dims 256..511), one lazy reference passed A -> B -> next
+    A; each warpgroup's sum covers its own tiles, and P_A reaches warpgroup 1 in B's reference."""
+    log2e = 1.0 / math.log(2.0)
+    K, L, half = HOPPER_KEYS, int(w.kv_lens[b]), D_V // 2
+    rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
+    n = q.shape[0]
+    m = torch.full((n,), -math.inf)
+    l_a, l_b = torch.zeros(n), torch.zeros(n)
+    o_left, o_right = torch.zeros(n, half), torch.zeros(n, half)
+
+    def scores(tile):
+        keys = torch.arange(tile * K, min((tile + 1) * K, L))
+        kv = _kv_rows(w, b, keys, tr)
+        s_ = ((q @ kv.T) * (w.scale * log2e)).masked_fill(keys[None, :] >= vis[:, None], -math.inf)
+        return s_, kv
+
+    def moved(s_, ref):  # the new reference, the factor of the old, and P = 2^(s - reference)
+        t = s_.max(-1).values
+        new = torch.where(t > ref + HOPPER_RESCALE_LOG2, t, ref)
+        use = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+        factor = torch.where(new == ref, torch.ones_like(ref), torch.exp2(ref - use))
+        return new, factor, torch.exp2(s_ - use[:, None])
+
+    tiles = list(tiles)
+    for i in range(0, len(tiles), 2):
+        s_a, kv_a = scores(tiles[i])
+        ref_a, f_a, p_a = moved(s_a, m)                      # [0] A's softmax
+        l_a = l_a * f_a + p_a.sum(-1)
+        p_a = rnd(p_a)
+        o_left = o_left * f_a[:, None] + p_a @ kv_a[:, :half]
+        ref_b, f_b = ref_a, torch.ones(n)
+        if i + 1 < len(tiles):                               # [1] B's softmax, from A's reference
+            s_b, kv_b = scores(tiles[i + 1])
+            ref_b, f_b, p_b = moved(s_b, ref_a)
+        l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if i + 1 < len(tiles) else 0.0)
+        o_right = o_right * (f_a * f_b)[:, None]
+        if i + 1 < len(tiles):
+            p_b = rnd(p_b)
+            o_right = o_right + p_b @ kv_b[:, half:D_V]
+        o_right = o_right + rnd(p_a * f_b[:, None]) @ kv_a[:, half:D_V]  # [1] P_A in B's reference
+        l_a, o_left = l_a * f_b, o_left * f_b[:, None]       # [0] A's half follows B's reference
+        if i + 1 < len(tiles):
+            o_left = o_left + p_b @ kv_b[:, :half]
+        m = ref_b
+    return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
+
+
+def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_loop):
+    """Stage 10's plan, each block's share piece by piece (``tile_loop``), and the merge of the cut units."""
     B, T, H, _ = w.q.shape
-    st = _stages.get("hopper")
     C = num_splits or 132
     capacity = w.block_table.shape[1] * w.kv_cache.shape[1]
-    plan = hopper_plan(w.kv_lens.tolist(), T, H, C, capacity)
+    plan = hopper_plan(w.kv_lens.tolist(), T, H, C, capacity, pairs_per_block)
     out = torch.full((B, T, H, D_V), float("nan"))
     lse = torch.full((B, T, H), float("nan"))
     tr = Traffic()
-    log2e = 1.0 / math.log(2.0)
-    K = st.keys_per_tile
     partial = {}  # (unit, block) -> {pair: (o, lse)}
 
     def unit_pairs(u):
@@ -497,25 +567,7 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
             q = torch.stack([w.q[b, pr // H, pr % H] for pr in prs]).float()
             tr.add("q", BF16 * D_QK * len(prs))
             vis = torch.tensor([L - T + pr // H + 1 for pr in prs])
-            m = torch.full((len(prs),), -math.inf)
-            l = torch.zeros(len(prs))
-            acc = torch.zeros(len(prs), D_V)
-            for tile in range(t0, t1):
-                keys = torch.arange(tile * K, min((tile + 1) * K, L))
-                kv = _kv_rows(w, b, keys, tr)
-                s_ = (q @ kv.T) * (w.scale * log2e)
-                s_ = s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf)
-                # the reference max m moves only when a score passes it by more than 2^8
-                t = s_.max(-1).values
-                move = t > m + HOPPER_RESCALE_LOG2
-                m_new = torch.where(move, t, m)
-                m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-                alpha = torch.where(move, torch.exp2(m - m_use), torch.ones_like(m))
-                p_ = torch.exp2(s_ - m_use[:, None])
-                l = l * alpha + p_.sum(-1)
-                p_v = p_.bfloat16().float() if round_p else p_
-                acc = acc * alpha[:, None] + p_v @ kv[:, :D_V]
-                m = m_new
+            acc, m, l = tile_loop(w, b, q, vis, range(t0, t1), tr, round_p)
             whole = t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u]
             for i, pr in enumerate(prs):
                 ln = (m[i] + torch.log2(l[i])) * math.log(2.0)
@@ -542,6 +594,27 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
             tr.add("out", BF16 * D_V)
             tr.add("lse", FP32)
     return out, lse, tr
+
+
+HOPPER_KEYS = 64  # stage 10's key tile (wgmma's M in the op's layout, its N in the rows layouts)
+SEESAW_PAIRS = 64  # the seesaw build's unit: 64 pairs on wgmma's M
+
+
+def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):
+    """Stage 10: the plan, each block's share piece by piece, the combine of the cut units.
+
+    As on the tensor cores of stage 9, P is rounded to bf16 before it
+    multiplies V and the softmax runs in base 2; ``round_p=False`` keeps P in
+    fp32.  ``num_splits`` is the persistent grid (blocks); default 132.
+    """
+    return _model_persistent(w, num_splits, round_p, None, _hopper_tiles)
+
+
+def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True):
+    """Stage 10's seesaw build (``-DMLA_HOPPER_SEESAW=1``) where it runs its own kernel (a stream's pairs fill
+    tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says,
+    the same merge."""
+    return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS, _seesaw_tiles)
 
 
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,

@@ -174,6 +174,37 @@ def test_the_pingpong_build_adds_only_the_turns(counts):
     assert ablation.PINGPONG_TIMELINE in ablation.STAMPING and ablation.PINGPONG not in ablation.STAMPING
 
 
+def test_the_seesaw_build_has_no_loader_and_asks_the_tensor_copy_for_every_tile():
+    assert ablation.main_kernel(ablation.SEESAW) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(ablation.SEESAW)) == {"-DMLA_HOPPER_SEESAW=1", ablation.NO_DISPATCH}
+    # the unit's first scores (one code path for both warpgroups), then warpgroup 0's scores of the next A in
+    # two parts (chunks 0..3, 4..8) and warpgroup 1's of the next B: 36 + 36 + 36 products of 64 x 64 x 16; four
+    # products of P V (A and B, in registers and from shared memory), each 4 k-steps of 64 x 256 x 16
+    assert ablation.hgmma_shapes(ablation.SEESAW) == {"64x64x16": 108, "64x256x16": 16}
+    c = ablation.sass_counts(ablation.SEESAW)
+    assert c["UTMALDG"] > 0  # every tile by the tensor copy, issued by the compute warpgroups
+    assert 0 < c["WAIT"] <= 8  # only the waits the source asks for: ptxas serialised no product
+    tl = ablation.sass_counts(ablation.SEESAW_TIMELINE)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (c["HGMMA"], c["UTMALDG"], c["WAIT"])
+
+
+def test_the_seesaw_summary_reads_its_pairs_of_tiles():
+    import numpy as np
+
+    st = np.zeros((2, ablation.STAMP_TILES, 6))
+    for t in range(6):  # a pair every 8000 cycles; each phase 1000 cycles in warpgroup 0, 1500 in warpgroup 1
+        st[0, t] = [8000 * t + 1 + 1000 * e for e in range(6)]
+        st[1, t] = [8000 * t + 2 + 1500 * e for e in range(6)]
+    out = ablation.seesaw_timeline_summary(st)
+    assert out["period"] == 8000 and out["pairs"] == 3  # pairs 2, 3, 4 (5 has no successor)
+    assert all(v == 1000 for v in out["phases"][0].values()) and all(v == 1500 for v in out["phases"][1].values())
+    assert out["over_tensor"] == 8000 / ablation.SEESAW_PAIR_TENSOR_CYCLES
+    assert ablation.SEESAW_PAIR_TENSOR_CYCLES == 4352
+    assert out["scores_end_apart"] == 2501 / 8000  # warpgroup 1's last stamp 2501 cycles after warpgroup 0's
+    with pytest.raises(ValueError, match="no complete pair"):
+        ablation.seesaw_timeline_summary(np.zeros((2, ablation.STAMP_TILES, 6)))
+
+
 def test_the_pingpong_turns_are_balanced_in_the_source():
     # Every arrival at a turn's barrier must meet a wait, or a later use of the barrier id would complete early:
     # warpgroup 1 passes the first turn before its loop, warpgroup 0 takes the last one after its loop, and
@@ -420,6 +451,65 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     call()                           # as a graph replay would see them
     torch.cuda.synchronize()
     assert torch.isnan(call.out[0].float()).all() and torch.isfinite(call.out[1:].float()).all()
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem", [
+    Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # 9 units of 64 pairs a stream
+    Problem(streams=2, q_len=16, heads=128, prefix=(0, 700), page_size=16),         # an empty stream; 4 boxes a chunk
+    Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=64),  # one unit, a tile or two
+    Problem(streams=3, q_len=2, heads=128, prefix=(5000, 127, 129), page_size=128),  # two tiles per page
+    Problem(streams=2, q_len=5, heads=128, prefix=(3000, 20000), page_size=32),     # two boxes a chunk
+    Problem(streams=2, q_len=16, heads=8, prefix=(5000, 1), page_size=64, scattered=True),  # 128 pairs: two units
+    Problem(streams=40, q_len=2, heads=64, prefix=tuple(range(0, 4000, 100)), page_size=64),  # mixed lengths
+    Problem(streams=2, q_len=9, heads=64, prefix=(16384, 9001), page_size=64),       # many tiles a block
+    Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144 pairs: the op's kernel
+    Problem(streams=2, q_len=4, heads=16, prefix=(700, 33), page_size=1),           # pages of 1: the op's kernel
+], ids=lambda p: p.label())
+def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem):
+    from mla_lab.reference import reference_attention
+
+    w = make_workload(problem, device="cuda", seed=13, poison=True)
+    _right_on_two_grids(ablation.SEESAW, w, reference_attention(*w.args(), check=False), few_blocks=3)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("splits", [None, 2])
+def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits):
+    w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(3000, 2000, 777), page_size=64), device="cuda",
+                      seed=11, poison=True)
+    call = ablation.runner(ablation.SEESAW, w, num_splits=splits)  # the checks run here, on the good table
+    w.block_table[0, 5:9] = 1 << 30  # then four used slots of stream 0 go bad, as a graph replay would see them
+    w.block_table[2, 3] = -7
+    call()
+    torch.cuda.synchronize()
+    assert torch.isnan(call.out[0].float()).all() and torch.isnan(call.out[2].float()).all()
+    assert torch.isfinite(call.out[1].float()).all() and torch.isfinite(call.lse[1]).all()
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right():
+    from mla_lab.reference import reference_attention
+    from mla_lab.verify import compare
+
+    w = make_workload(Problem(streams=8, q_len=16, heads=64, prefix=4096, page_size=64), device="cuda", seed=5,
+                      poison=True)
+    st = ablation.timeline(w, variant=ablation.SEESAW_TIMELINE)
+    call = ablation.runner(ablation.SEESAW_TIMELINE, w)
+    call()
+    torch.cuda.synchronize()
+    assert compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
+    out = ablation.seesaw_timeline_summary(st)
+    assert out["pairs"] >= 20 and out["over_tensor"] > 1.0  # no pair faster than the tensor cores' own time
+    for g in (0, 1):
+        t = [i for i in range(st.shape[1]) if st[g, i, 5] > 0]
+        assert all((st[g, i, 1:] >= st[g, i, :-1]).all() for i in t)  # each pair's stamps in order
 
 
 @needs_gpu

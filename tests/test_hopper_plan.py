@@ -376,7 +376,9 @@ def test_the_loader_rule_matches_the_kernel():
                      src)
     assert re.search(r"const int64_t tiles_bound = \(int64_t\)sh\.units \* unit_tiles_bound\(p\);", src)
     assert re.search(r"tma_pages\(p\.page_size\) &&\s*tiles_bound >= \(int64_t\)kTmaTilesPerBlock \* p\.num_splits;", src)
-    assert re.search(r"const bool fits = tma_pages\(p\.page_size\) &&", src)  # the tensor map asks the same of pages
+    # the tensor map asks the same of pages (tma_cache), and kv_tensor makes none for a cache that fails it
+    assert re.search(r"return tma_pages\(p\.page_size\) && reinterpret_cast<uintptr_t>\(p\.kv\) % 16 == 0", src)
+    assert re.search(r"if \(!tma_cache\(p\)\) return kv;", src)
     pays, hop = stages.hopper_tma_pays, stages.get("hopper")
     # 8 streams of 65536 keys at 8 heads: 62 tiles a block; one stream of 16384: 2; 8 x 16384 at 8 heads: 15.5
     assert pays(8, 9, 8, 1024, 64, 132) and not pays(1, 9, 8, 256, 64, 132) and pays(8, 9, 8, 256, 64, 132)

@@ -198,3 +198,51 @@ def test_dot_variants_agree_to_fp32_rounding():
         assert got.shape == ref.shape == (4, 3)
         assert ((got - ref).abs() <= bound).all(), dot.__name__
         assert torch.allclose(got.double(), (q.double() * k.double()).sum(-1), rtol=0, atol=float(bound.max()))
+
+
+# The seesaw build's tile loop (hopper_seesaw_kernel): tiles in pairs, one reference passed between the two
+# warpgroups.  Shapes whose pairs fill tiles of 64: odd tile counts (a last pair with A alone), pieces cut
+# between blocks (few blocks), streams shorter than a tile, and scores large enough to move the reference in
+# both halves of a pair (q scaled up).
+SEESAW_CASES = [
+    (Problem(streams=2, q_len=4, heads=16, prefix=(300, 17), page_size=16), 5, 1.0),
+    (Problem(streams=1, q_len=1, heads=64, prefix=200, page_size=64), 3, 1.0),
+    (Problem(streams=3, q_len=2, heads=32, prefix=(0, 129, 64), page_size=64), 7, 1.0),
+    (Problem(streams=1, q_len=2, heads=64, prefix=450, page_size=32), 2, 6.0),
+    (Problem(streams=2, q_len=16, heads=8, prefix=(190, 1), page_size=16), 1, 6.0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SEESAW_CASES)),
+                         ids=[f"{p.label()} s{ns} x{k}" for p, ns, k in SEESAW_CASES])
+def test_the_seesaw_model_matches_reference(case):
+    from mla_lab.models import model_seesaw
+
+    p, ns, q_scale = SEESAW_CASES[case]
+    w = make_workload(p, seed=40 + case, poison=True)
+    w.q.mul_(q_scale)  # large scores: later keys pass the reference by far more than 2^8
+    ref_out, ref_lse = reference_attention(*w.args())
+    out, lse, _ = model_seesaw(w, ns)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel_l2(out, ref_out) < 3e-3  # P rounded to bf16, twice for P_A where B moved the reference
+    assert (lse - ref_lse).abs().max() < 1e-4
+    out, lse, _ = model_seesaw(w, ns, round_p=False)
+    assert rel_l2(out, ref_out) < 1e-5 and (lse - ref_lse).abs().max() < 1e-4
+
+
+def test_the_large_score_seesaw_case_moves_the_reference_in_a_b_tile():
+    """The large-score case is the one that exercises the rescales: some pair's B tile (an odd tile) holds a
+    score more than 2^8 above every score of the tiles before it, so warpgroup 1 moves the reference there
+    and P_A is rounded a second time, in B's reference."""
+    import math
+
+    p, _, q_scale = SEESAW_CASES[3]
+    w = make_workload(p, seed=43, poison=True)
+    w.q.mul_(q_scale)
+    L, K = int(w.kv_lens[0]), 64
+    keys = w.kv_cache[w.block_table[0].long()[torch.arange(L) // p.page_size], torch.arange(L) % p.page_size].float()
+    s = w.q[0].reshape(-1, 576).float() @ keys.T * (w.scale / math.log(2.0))
+    tile_max = torch.stack([s[:, t * K:(t + 1) * K].max(-1).values for t in range(-(-L // K))], dim=1)
+    before = torch.cummax(tile_max, dim=1).values
+    jumps = tile_max[:, 1:] > before[:, :-1] + 8.0
+    assert jumps[:, 0::2].any()  # tiles 1, 3, 5, ...: the B of a pair
