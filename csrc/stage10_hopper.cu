@@ -1338,6 +1338,87 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
   if (group == 0) take_turn();  // warpgroup 1's last turn, passed after its last products
 }
 
+// ---- the rows layout's pieces, shared by compute_rows and the seesaw -----------------
+//
+// A thread of a warpgroup holds two rows of a 64 x 64 fragment of scores (or
+// of P): row0 = 16 warp + g and row0 + 8, s[4i + e] at column 8i + c + e of
+// row0 and s[4i + 2 + e] of row0 + 8 (c = 2 (lane % 4), e = 0, 1).
+
+// The scores of `tile` (acc) scaled into sc, base 2; the keys a row may not
+// see hidden (only in a stream's last tiles: the causal draft and its end);
+// and each row's maximum, over the quad that holds it.
+__device__ __forceinline__ void rows_scale_and_max(const float (&acc)[32], float (&sc)[32], int tile, int first_hidden,
+                                                   int vis0, int vis1, int c, float scale_log2, float& mx0,
+                                                   float& mx1) {
+  const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
+  const int key0 = tile * kKeysPerTile + c;
+  mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float lo = acc[4 * i + e] * scale_log2, hi = acc[4 * i + 2 + e] * scale_log2;
+      if (edge) {
+        const int key = key0 + 8 * i + e;
+        lo = key < vis0 ? lo : -CUDART_INF_F;
+        hi = key < vis1 ? hi : -CUDART_INF_F;
+      }
+      sc[4 * i + e] = lo;
+      sc[4 * i + 2 + e] = hi;
+      mx0 = fmaxf(mx0, lo);
+      mx1 = fmaxf(mx1, hi);
+    }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
+// P = 2^(sc - reference) as bf16 pairs (a register A operand of P V), and
+// this thread's part of its rows' sums (s0, s1).  A reference of -inf (no key
+// seen yet) subtracts nothing: those scores are -inf too, and P is 0.
+__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float n0, float n1, uint32_t (&pk)[16],
+                                                  float& s0, float& s1) {
+  const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
+  s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
+    const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
+    pk[2 * i] = pack_bf16x2(p0, p1);
+    pk[2 * i + 1] = pack_bf16x2(p2, p3);
+    s0 += p0 + p1;
+    s1 += p2 + p3;
+  }
+}
+
+// O (a warpgroup's 256 dims of its 64 rows) times f0 on row0, f1 on row0 + 8:
+// only where no product of the warpgroup is in flight, and fenced, so that no
+// later product reads O before the multiplies.
+__device__ __forceinline__ void rows_rescale(float (&o)[4][32], float f0, float f1) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      o[j][4 * i] *= f0;
+      o[j][4 * i + 1] *= f0;
+      o[j][4 * i + 2] *= f1;
+      o[j][4 * i + 3] *= f1;
+    }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+}
+
+// P (row n = pair, its 64 keys in one swizzled 128-byte row) into the chunk at p_s.
+__device__ __forceinline__ void rows_store_p(const uint32_t (&pk)[16], uint32_t p_s, int row0, int g, int lane) {
+  const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const int col = i + mat / 2;  // the 16-byte column of keys 8 col .. 8 col + 7
+    stmatrix_x4(p_s + n * 128 + ((col ^ (n & 7)) << 4), pk[2 * i], pk[2 * i + 1], pk[2 * i + 2], pk[2 * i + 3]);
+  }
+}
+
 // ---- the rows layout: both compute warpgroups on one unit of up to 64 pairs ----
 //
 // The pairs are the M of every product: S[pairs, keys] = Q K^T with N = 64
@@ -1449,72 +1530,23 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
     // references where a score passes them by 2^8, and make P (bf16 pairs,
     // as a register A operand) and this thread's part of the sums.
     auto softmax = [&](const float (&acc)[32], int tile, float& a0, float& a1, uint32_t (&pk)[16]) {
-      const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
-      const int key0 = tile * kKeysPerTile + c;
-      float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+      float mx0, mx1;
       float sc[32];  // the scaled scores (the accumulators are only read: see pv_regs)
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float lo = acc[4 * i + e] * scale_log2, hi = acc[4 * i + 2 + e] * scale_log2;
-          if (edge) {
-            const int key = key0 + 8 * i + e;
-            lo = key < vis0 ? lo : -CUDART_INF_F;
-            hi = key < vis1 ? hi : -CUDART_INF_F;
-          }
-          sc[4 * i + e] = lo;
-          sc[4 * i + 2 + e] = hi;
-          mx0 = fmaxf(mx0, lo);
-          mx1 = fmaxf(mx1, hi);
-        }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      rows_scale_and_max(acc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
       const float n0 = mx0 > m0 + kRescaleLog2 ? mx0 : m0;  // -inf + 8 is -inf: a first key always moves it
       const float n1 = mx1 > m1 + kRescaleLog2 ? mx1 : m1;
       a0 = n0 == m0 ? 1.f : exp2f(m0 - n0);
       a1 = n1 == m1 ? 1.f : exp2f(m1 - n1);
       m0 = n0;
       m1 = n1;
-      const float u0 = m0 == -CUDART_INF_F ? 0.f : m0, u1 = m1 == -CUDART_INF_F ? 0.f : m1;
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
-        const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
-        pk[2 * i] = pack_bf16x2(p0, p1);
-        pk[2 * i + 1] = pack_bf16x2(p2, p3);
-        s0 += p0 + p1;
-        s1 += p2 + p3;
-      }
+      float s0, s1;
+      rows_exponentiate(sc, m0, m1, pk, s0, s1);
       l0 = l0 * a0 + s0;
       l1 = l1 * a1 + s1;
     };
-    auto rescale = [&](float a0, float a1) {  // only where no product adds to O
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          o[j][4 * i] *= a0;
-          o[j][4 * i + 1] *= a0;
-          o[j][4 * i + 2] *= a1;
-          o[j][4 * i + 3] *= a1;
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);  // done before the next product reads O
-    };
-    // P (row n = pair, its 64 keys in one swizzled 128-byte row) into the slot of chunk s.
-    auto store_p = [&](const uint32_t (&pk)[16], int s) {
-      const uint32_t base = ring + slot_of(s) * kChunkBytes;
-      const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int chunk = i + mat / 2;
-        stmatrix_x4(base + n * 128 + ((chunk ^ (n & 7)) << 4), pk[2 * i], pk[2 * i + 1], pk[2 * i + 2], pk[2 * i + 3]);
-      }
-    };
+    auto rescale = [&](float a0, float a1) { rows_rescale(o, a0, a1); };  // only where no product adds to O
+    // P into the slot of chunk s.
+    auto store_p = [&](const uint32_t (&pk)[16], int s) { rows_store_p(pk, ring + slot_of(s) * kChunkBytes, row0, g, lane); };
     auto publish_m = [&](float* m_s) {
       if (c == 0) {
         m_s[row0] = m0;
@@ -1871,15 +1903,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
       wgmma_m64n256k16_ss_tb(o, p_desc + ((32 * ks) >> 4), v_desc + ((dim_half * kChunkBytes + 2048 * ks) >> 4));
     wgmma_commit();
   };
-  // P (row n = pair, its 64 keys in one swizzled 128-byte row) into the chunk at p_s.
-  auto store_p = [&](const uint32_t (&pk)[16], uint32_t p_s) {
-    const int mat = lane / 8, n = row0 - g + 8 * (mat % 2) + lane % 8;
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const int col = i + mat / 2;
-      stmatrix_x4(p_s + n * 128 + ((col ^ (n & 7)) << 4), pk[2 * i], pk[2 * i + 1], pk[2 * i + 2], pk[2 * i + 3]);
-    }
-  };
+  auto store_p = [&](const uint32_t (&pk)[16], uint32_t p_s) { rows_store_p(pk, p_s, row0, g, lane); };
   // Zeros in rows `valid` .. 63 of this warpgroup's V chunks of the tile at
   // tile_s (its keys past the stream's end), visible to the tensor cores and to
   // the whole warpgroup before its products read them.
@@ -1935,60 +1959,17 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     float l0 = 0.f, l1 = 0.f;  // this thread's part of its rows' sums over this warpgroup's tiles
     const int first_hidden = kv_len - p.q_len + 1;  // the first key some row may not see (the causal draft)
 
-    // Scale the scores of `tile`, hide the keys a row may not see, and find each row's maximum.
+    // The scores of `tile`, scaled and hidden where a row may not see them, and each row's maximum.
     auto row_max = [&](float (&sc)[32], int tile, float& mx0, float& mx1) {
-      const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
-      const int key0 = tile * kKeysPerTile + c;
-      mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float lo = sc[4 * i + e] * scale_log2, hi = sc[4 * i + 2 + e] * scale_log2;
-          if (edge) {
-            const int key = key0 + 8 * i + e;
-            lo = key < vis0 ? lo : -CUDART_INF_F;
-            hi = key < vis1 ? hi : -CUDART_INF_F;
-          }
-          sc[4 * i + e] = lo;
-          sc[4 * i + 2 + e] = hi;
-          mx0 = fmaxf(mx0, lo);
-          mx1 = fmaxf(mx1, hi);
-        }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      rows_scale_and_max(sc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
     };
-    // P = 2^(s - reference) as bf16 pairs (a register A operand), and this thread's part of the rows' sums.
     auto exponentiate = [&](const float (&sc)[32], float n0, float n1, uint32_t (&pk)[16], float& s0, float& s1) {
-      const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
-        const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
-        pk[2 * i] = pack_bf16x2(p0, p1);
-        pk[2 * i + 1] = pack_bf16x2(p2, p3);
-        s0 += p0 + p1;
-        s1 += p2 + p3;
-      }
+      rows_exponentiate(sc, n0, n1, pk, s0, s1);
     };
     // The reference moves only where a score passes it by 2^8 (-inf + 8 is -inf: a first key always moves it).
     auto moved = [](float mx, float m) { return mx > m + kRescaleLog2 ? mx : m; };
     auto factor = [](float m_old, float m_new) { return m_new == m_old ? 1.f : exp2f(m_old - m_new); };
-    auto rescale = [&](float f0, float f1) {  // only where no product of this warpgroup is in flight
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          o[j][4 * i] *= f0;
-          o[j][4 * i + 1] *= f0;
-          o[j][4 * i + 2] *= f1;
-          o[j][4 * i + 3] *= f1;
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
-    };
+    auto rescale = [&](float f0, float f1) { rows_rescale(o, f0, f1); };  // only where no product is in flight
 
     float sc[32];
     uint32_t pk[16];
