@@ -389,6 +389,16 @@ def merge_timeline(w: Workload, *, num_splits: int | None = None, flush_bytes: i
     return {"main": to_us(main[:call.num_splits]), "merge": to_us(merge), "block0": to_us(block0)}
 
 
+def _timed_tiles(st, first: int, what: str) -> list[int]:
+    """The stamped tiles (or pairs of tiles) that count: both warpgroups stamped their first and last points,
+    from ``first`` on, up to the last whose successor also started (so its period is known)."""
+    started = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all() and (st[:, t, 5] > 0).all()]
+    tiles = [t for t in started if t >= first and t + 1 in started]
+    if not tiles:
+        raise ValueError(f"no complete {what} after the first ones: the block had too few")
+    return tiles
+
+
 def timeline_summary(stamps, first: int = 2) -> dict:
     """Mean cycles of each phase of a tile, and how much of a tile the two warpgroups' softmax overlap.
 
@@ -401,10 +411,7 @@ def timeline_summary(stamps, first: int = 2) -> dict:
     import numpy as np
 
     st = np.asarray(stamps, dtype=float)
-    started = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all() and (st[:, t, 5] > 0).all()]
-    tiles = [t for t in started if t >= first and t + 1 in started]
-    if not tiles:
-        raise ValueError("no complete tile after the first ones: the block had too few")
+    tiles = _timed_tiles(st, first, "tile")
     phases = {"scores": (0, 1), "softmax pass": (1, 2), "P to shared memory": (2, 3),
               "products issued": (3, 4), "products drained": (4, 5)}
     out = {name: float(np.mean([st[g, t, b] - st[g, t, a] for g in (0, 1) for t in tiles]))
@@ -430,10 +437,7 @@ def seesaw_timeline_summary(stamps, first: int = 2) -> dict:
     import numpy as np
 
     st = np.asarray(stamps, dtype=float)
-    started = [t for t in range(st.shape[1]) if (st[:, t, 0] > 0).all() and (st[:, t, 5] > 0).all()]
-    pairs = [t for t in started if t >= first and t + 1 in started]
-    if not pairs:
-        raise ValueError("no complete pair of tiles after the first ones: the block had too few")
+    pairs = _timed_tiles(st, first, "pair of tiles")
     period = float(np.median([st[g, t + 1, 0] - st[g, t, 0] for g in (0, 1) for t in pairs]))
     phases = [{f"{SEESAW_STAMP_EVENTS[g][e - 1]} -> {SEESAW_STAMP_EVENTS[g][e]}":
                float(np.median([st[g, t, e] - st[g, t, e - 1] for t in pairs])) for e in range(1, 6)} for g in (0, 1)]

@@ -469,29 +469,37 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
 HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this
 
 
+def _tile_scores(w, b, q, vis, tile, tr):
+    """Stage 10's scores of one key tile of stream b, base 2, with the keys each pair may not see hidden; and the
+    tile's rows of the cache."""
+    K = _stages.HOPPER_KEYS_PER_TILE
+    keys = torch.arange(tile * K, min((tile + 1) * K, int(w.kv_lens[b])))
+    kv = _kv_rows(w, b, keys, tr)
+    s_ = (q @ kv.T) * (w.scale * (1.0 / math.log(2.0)))
+    return s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf), kv
+
+
+def _moved(s_, ref):
+    """Stage 10's lazy softmax reference: it moves only where a score passes it by more than 2^8.  Returns the new
+    reference, the factor of what was summed under the old one, and P = 2^(s - reference)."""
+    t = s_.max(-1).values
+    new = torch.where(t > ref + HOPPER_RESCALE_LOG2, t, ref)
+    use = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    factor = torch.where(new == ref, torch.ones_like(ref), torch.exp2(ref - use))
+    return new, factor, torch.exp2(s_ - use[:, None])
+
+
 def _hopper_tiles(w, b, q, vis, tiles, tr, round_p):
     """The op's loop over one piece of a unit: tile after tile, one lazy softmax reference per pair."""
-    log2e = 1.0 / math.log(2.0)
-    K, L = HOPPER_KEYS, int(w.kv_lens[b])
     m = torch.full((q.shape[0],), -math.inf)
     l = torch.zeros(q.shape[0])
     acc = torch.zeros(q.shape[0], D_V)
     for tile in tiles:
-        keys = torch.arange(tile * K, min((tile + 1) * K, L))
-        kv = _kv_rows(w, b, keys, tr)
-        s_ = (q @ kv.T) * (w.scale * log2e)
-        s_ = s_.masked_fill(keys[None, :] >= vis[:, None], -math.inf)
-        # the reference max m moves only when a score passes it by more than 2^8
-        t = s_.max(-1).values
-        move = t > m + HOPPER_RESCALE_LOG2
-        m_new = torch.where(move, t, m)
-        m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.where(move, torch.exp2(m - m_use), torch.ones_like(m))
-        p_ = torch.exp2(s_ - m_use[:, None])
+        s_, kv = _tile_scores(w, b, q, vis, tile, tr)
+        m, alpha, p_ = _moved(s_, m)
         l = l * alpha + p_.sum(-1)
         p_v = p_.bfloat16().float() if round_p else p_
         acc = acc * alpha[:, None] + p_v @ kv[:, :D_V]
-        m = m_new
     return acc, m, l
 
 
@@ -499,38 +507,25 @@ def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p):
     """The seesaw build's loop over one piece of a unit (``hopper_seesaw_kernel``): the tiles in pairs, A scored
     by warpgroup 0 (dims 0..255 of O), B by warpgroup 1 (dims 256..511), one lazy reference passed A -> B -> next
     A; each warpgroup's sum covers its own tiles, and P_A reaches warpgroup 1 in B's reference."""
-    log2e = 1.0 / math.log(2.0)
-    K, L, half = HOPPER_KEYS, int(w.kv_lens[b]), D_V // 2
+    half = D_V // 2
     rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
     n = q.shape[0]
     m = torch.full((n,), -math.inf)
     l_a, l_b = torch.zeros(n), torch.zeros(n)
     o_left, o_right = torch.zeros(n, half), torch.zeros(n, half)
-
-    def scores(tile):
-        keys = torch.arange(tile * K, min((tile + 1) * K, L))
-        kv = _kv_rows(w, b, keys, tr)
-        s_ = ((q @ kv.T) * (w.scale * log2e)).masked_fill(keys[None, :] >= vis[:, None], -math.inf)
-        return s_, kv
-
-    def moved(s_, ref):  # the new reference, the factor of the old, and P = 2^(s - reference)
-        t = s_.max(-1).values
-        new = torch.where(t > ref + HOPPER_RESCALE_LOG2, t, ref)
-        use = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-        factor = torch.where(new == ref, torch.ones_like(ref), torch.exp2(ref - use))
-        return new, factor, torch.exp2(s_ - use[:, None])
+    scores = lambda tile: _tile_scores(w, b, q, vis, tile, tr)
 
     tiles = list(tiles)
     for i in range(0, len(tiles), 2):
         s_a, kv_a = scores(tiles[i])
-        ref_a, f_a, p_a = moved(s_a, m)                      # [0] A's softmax
+        ref_a, f_a, p_a = _moved(s_a, m)                      # [0] A's softmax
         l_a = l_a * f_a + p_a.sum(-1)
         p_a = rnd(p_a)
         o_left = o_left * f_a[:, None] + p_a @ kv_a[:, :half]
         ref_b, f_b = ref_a, torch.ones(n)
         if i + 1 < len(tiles):                               # [1] B's softmax, from A's reference
             s_b, kv_b = scores(tiles[i + 1])
-            ref_b, f_b, p_b = moved(s_b, ref_a)
+            ref_b, f_b, p_b = _moved(s_b, ref_a)
         l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if i + 1 < len(tiles) else 0.0)
         o_right = o_right * (f_a * f_b)[:, None]
         if i + 1 < len(tiles):
@@ -596,7 +591,6 @@ def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_lo
     return out, lse, tr
 
 
-HOPPER_KEYS = 64  # stage 10's key tile (wgmma's M in the op's layout, its N in the rows layouts)
 SEESAW_PAIRS = 64  # the seesaw build's unit: 64 pairs on wgmma's M
 
 
