@@ -377,6 +377,10 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 #ifndef MLA_HOPPER_SEESAW
 #define MLA_HOPPER_SEESAW 0
 #endif
+// The seesaw's crossed order (build seesaw_cross): P_A handed over in A's own reference.
+#ifndef MLA_HOPPER_SEESAW_CROSS
+#define MLA_HOPPER_SEESAW_CROSS 0
+#endif
 __host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
   return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size);
 }
@@ -1998,6 +2002,149 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
       };
       const int valid_a = kv_len - tile * kKeysPerTile, valid_b = valid_a - kKeysPerTile;  // keys of the stream in A, B
       SEE_STAMP(0);
+#if MLA_HOPPER_SEESAW_CROSS
+      // The crossed order (build seesaw_cross): P_A goes to warpgroup 1 in A's
+      // own reference, as soon as A's softmax is done, and warpgroup 1 adds
+      // P_A V_A,R while it runs B's softmax; where B moves the reference (rarely,
+      // with a lazy one), each warpgroup rescales its O before it adds P_B V_B.
+      // No P is rescaled, and nothing waits for B's softmax but P_B's products.
+      // Warpgroup 1 scores the next B only once the next A's scores are done, so
+      // that they run while warpgroup 0 is at A's softmax.
+      if (wg == 0) {
+        // ---- warpgroup 0: tile A, dims 0..255 ----
+        float mx0, mx1;
+        row_max(sc, tile, mx0, mx1);
+        const float m0 = m_s[row0], m1 = m_s[row0 + 8];  // the reference the last tile left
+        const float n0 = moved(mx0, m0), n1 = moved(mx1, m1);
+        const float a0 = factor(m0, n0), a1 = factor(m1, n1);
+        float s0 = 0.f, s1 = 0.f;
+        exponentiate(sc, n0, n1, pk, s0, s1);
+        l0 = l0 * a0 + s0;
+        l1 = l1 * a1 + s1;
+        __syncwarp();  // the quad's reads of m_s before its write
+        if (c == 0) {
+          m_s[row0] = n0;
+          m_s[row0 + 8] = n1;
+          scale_s[row0] = a0;
+          scale_s[row0 + 8] = a1;
+        }
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+        // P_A for warpgroup 1, in A's RoPE chunk (its scores are done), before this warpgroup's products.
+        store_p(pk, k0_s + (kChunks - 1) * kChunkBytes);
+        fence_proxy_async();
+        named_barrier_arrive(kBarPA, kSeeThreads);
+        SEE_STAMP(1);
+        if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
+        pv_regs(o, pk, v0_desc);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(2);
+        // A's chunks 0..3: read by its scores and by these products, both done.
+        if (copier && has_a2) {
+          const TilePages na = pages_of(tile + 2);
+          for (int j = 0; j < 4; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          bad_pages |= na.bad;
+        }
+        named_barrier(kBarPB, kSeeThreads);  // P_B is in B's RoPE chunk, B's reference is known
+        SEE_STAMP(3);
+        // (Only now: B's chunks have landed, since warpgroup 1 has its scores.)
+        if (has_b && valid_b < kKeysPerTile) zero_tail(k1_s, valid_b);
+        const float b0 = scale_s[kRowsPairs + row0], b1 = scale_s[kRowsPairs + row0 + 8];
+        l0 *= b0;
+        l1 *= b1;
+        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
+        if (has_b) pv_smem(o, k1_s + (kChunks - 1) * kChunkBytes, v1_desc);
+        if (has_a2) {
+          scores(sc, k0_desc, bars, 0, 4, true);
+          wgmma_wait<1>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
+          if (copier && has_b2) {
+            const TilePages nb = pages_of(tile + 3);
+            for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+          }
+          scores(sc, k0_desc, bars, 4, 5, false);
+          SEE_STAMP(4);
+          wgmma_wait<0>();
+          fence_accumulators(sc);
+          phase ^= 1;
+          named_barrier_arrive(kBarScaleA, kSeeThreads);  // the next A's scores are done: B's may start
+        } else {
+          SEE_STAMP(4);
+          wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(5);
+      } else {
+        // ---- warpgroup 1: tile B, dims 256..511 ----
+        named_barrier(kBarPA, kSeeThreads);  // P_A is in A's RoPE chunk, A's reference is known
+        SEE_STAMP(1);
+        const float m0 = m_s[row0], m1 = m_s[row0 + 8];
+        const float a0 = scale_s[row0], a1 = scale_s[row0 + 8];
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // O_R into A's reference
+        if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
+        pv_smem(o, k0_s + (kChunks - 1) * kChunkBytes, v0_desc);  // P_A V_A,R, while B's softmax runs
+        float n0 = m0, n1 = m1, s0 = 0.f, s1 = 0.f;
+        if (has_b) {
+          float mx0, mx1;
+          row_max(sc, tile + 1, mx0, mx1);
+          n0 = moved(mx0, m0);
+          n1 = moved(mx1, m1);
+          exponentiate(sc, n0, n1, pk, s0, s1);
+        }
+        const float b0 = factor(m0, n0), b1 = factor(m1, n1);
+        __syncwarp();
+        if (c == 0) {
+          m_s[row0] = n0;
+          m_s[row0 + 8] = n1;
+          scale_s[kRowsPairs + row0] = b0;
+          scale_s[kRowsPairs + row0 + 8] = b1;
+        }
+        l0 = l0 * a0 * b0 + s0;
+        l1 = l1 * a1 * b1 + s1;
+        if (has_b) {
+          store_p(pk, k1_s + (kChunks - 1) * kChunkBytes);  // B's RoPE chunk: its scores are done
+          if (valid_b < kKeysPerTile) zero_tail(k1_s, valid_b);  // (its fence covers P_B too)
+          else fence_proxy_async();
+        }
+        named_barrier_arrive(kBarPB, kSeeThreads);
+        SEE_STAMP(2);
+        wgmma_wait<0>();  // A's products are done: its chunks 4..8 are free
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+        SEE_STAMP(3);
+        if (copier && has_a2) {
+          const TilePages na = pages_of(tile + 2);
+          for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+        }
+        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
+        if (has_b) {
+          pv_regs(o, pk, v1_desc);
+          wgmma_wait<0>();  // B's products are done: its chunks 4..7 are free
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
+          if (copier && has_b2) {
+            const TilePages nb = pages_of(tile + 3);
+            for (int j = 4; j < 8; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            bad_pages |= nb.bad;
+          }
+        }
+        if (has_a2) {
+          named_barrier(kBarScaleA, kSeeThreads);  // the next A's scores are done
+          SEE_STAMP(4);
+          if (has_b2) {
+            scores(sc, k1_desc, bars + kChunks, 4, kChunks, true);  // its own copies (4..7) first
+            wgmma_wait<0>();
+            fence_accumulators(sc);
+            phase ^= 1;
+          }
+        } else {
+          SEE_STAMP(4);
+        }
+        SEE_STAMP(5);
+      }
+#else
       if (wg == 0) {
         // ---- warpgroup 0: tile A, dims 0..255 ----
         float mx0, mx1;
@@ -2134,6 +2281,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         }
         SEE_STAMP(5);
       }
+#endif  // MLA_HOPPER_SEESAW_CROSS
 #if MLA_HOPPER_TIMELINE
       ++stamp_tile;
 #endif

@@ -63,7 +63,13 @@ reader is done.  Where a stream's pairs do not fill tiles of 64, or the pages
 cannot be read by the tensor copy (pages of 1), its calls run the op's
 ``cp.async`` kernel.  Its answers are right; ``seesaw_timeline`` stamps six
 points of each pair of tiles in each warpgroup (:data:`SEESAW_STAMP_EVENTS`,
-:func:`seesaw_timeline_summary`).
+:func:`seesaw_timeline_summary`).  ``seesaw_cross``
+(``-DMLA_HOPPER_SEESAW_CROSS=1`` on top) crosses its hand-over: warpgroup 0
+hands P_A over in A's own reference as soon as A's softmax is done, warpgroup 1
+adds P_A V_A while it runs B's softmax, and a warpgroup whose O B's reference
+moves rescales it before adding P_B V_B; warpgroup 1 scores the next B only once
+the next A's scores are done.  ``seesaw_cross_timeline`` stamps it
+(:data:`SEESAW_CROSS_STAMP_EVENTS`).
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -142,6 +148,9 @@ ROWS_TMA_NO_MATH = "rows_tma_no_math"
 # The rows layout in FlashMLA's seesaw schedule, with no loader (-DMLA_HOPPER_SEESAW=1), and its timeline.
 SEESAW = "seesaw"
 SEESAW_TIMELINE = "seesaw_timeline"
+# The seesaw in its crossed order (-DMLA_HOPPER_SEESAW_CROSS=1): P_A handed over in A's own reference, and its timeline.
+SEESAW_CROSS = "seesaw_cross"
+SEESAW_CROSS_TIMELINE = "seesaw_cross_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -175,6 +184,8 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
           SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1"],
+          SEESAW_CROSS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -192,7 +203,7 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
-STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE)
+STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
@@ -202,6 +213,11 @@ SEESAW_STAMP_EVENTS = (("pair start", "A's softmax done", "A's products done", "
                         "next A's scores done"),
                        ("pair start", "A's reference known", "B's softmax done", "P_A known", "its products done",
                         "next B's scores done"))
+# And the crossed order's (seesaw_cross).
+SEESAW_CROSS_STAMP_EVENTS = (("pair start", "P_A handed over", "A's products done", "P_B known",
+                              "next A's scores issued", "next A's scores done"),
+                             ("pair start", "P_A known", "B's softmax done", "A's products done",
+                              "next A's scores done", "next B's scores done"))
 # The tensor cores' work in a pair of tiles of the seesaw: two tiles' scores (2 x 36 products of 64 x 64 x 16) and
 # four products of P V of 64 x 256 x 64 (each 4 of 64 x 256 x 16), at the H200's dense bf16 rate per SM and cycle
 # (4096 FLOP: 989 TFLOP/s over 132 SMs at 1.83 GHz).
@@ -425,11 +441,13 @@ def timeline_summary(stamps, first: int = 2) -> dict:
     return out
 
 
-def seesaw_timeline_summary(stamps, first: int = 2) -> dict:
-    """The seesaw's pair of tiles from its stamps (:data:`SEESAW_STAMP_EVENTS`): the median period (cycles from
+def seesaw_timeline_summary(stamps, first: int = 2, events=SEESAW_STAMP_EVENTS) -> dict:
+    """The seesaw's pair of tiles from its stamps (``events``: :data:`SEESAW_STAMP_EVENTS`, or
+    :data:`SEESAW_CROSS_STAMP_EVENTS` for the crossed order's): the median period (cycles from
     one pair's start to the next's, each warpgroup), the median of each warpgroup's five phases (from one stamp to
-    the next), the period over :data:`SEESAW_PAIR_TENSOR_CYCLES`, the tensor cores' own time for a pair, and how
-    far apart the two warpgroups' scores of the next pair end (the median, as a fraction of the period).
+    the next), the period over :data:`SEESAW_PAIR_TENSOR_CYCLES`, the tensor cores' own time for a pair, how
+    far apart the two warpgroups' scores of the next pair end (the median, as a fraction of the period), and
+    each warpgroup's median time from its last stamp of a pair to the start of its next (``to_next_pair``).
 
     Pairs ``first`` onwards count (the first ones include the pipeline's start), up to the last whose successor
     also started.
@@ -439,12 +457,14 @@ def seesaw_timeline_summary(stamps, first: int = 2) -> dict:
     st = np.asarray(stamps, dtype=float)
     pairs = _timed_tiles(st, first, "pair of tiles")
     period = float(np.median([st[g, t + 1, 0] - st[g, t, 0] for g in (0, 1) for t in pairs]))
-    phases = [{f"{SEESAW_STAMP_EVENTS[g][e - 1]} -> {SEESAW_STAMP_EVENTS[g][e]}":
+    phases = [{f"{events[g][e - 1]} -> {events[g][e]}":
                float(np.median([st[g, t, e] - st[g, t, e - 1] for t in pairs])) for e in range(1, 6)} for g in (0, 1)]
     # how far apart the two warpgroups finish the next pair's scores, as a fraction of a pair
     apart = float(np.median([abs(st[1, t, 5] - st[0, t, 5]) for t in pairs])) / period
+    # from each warpgroup's last stamp of a pair to its next pair's start (the loop's top, outside the phases)
+    to_next = [float(np.median([st[g, t + 1, 0] - st[g, t, 5] for t in pairs])) for g in (0, 1)]
     return {"period": period, "phases": phases, "pairs": len(pairs),
-            "over_tensor": period / SEESAW_PAIR_TENSOR_CYCLES, "scores_end_apart": apart}
+            "over_tensor": period / SEESAW_PAIR_TENSOR_CYCLES, "scores_end_apart": apart, "to_next_pair": to_next}
 
 
 def timeline_median(calls, first: int = 2) -> dict:

@@ -188,6 +188,21 @@ def test_the_seesaw_build_has_no_loader_and_asks_the_tensor_copy_for_every_tile(
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (c["HGMMA"], c["UTMALDG"], c["WAIT"])
 
 
+def test_the_crossed_seesaw_is_the_seesaw_with_the_same_products_and_copies():
+    assert ablation.main_kernel(ablation.SEESAW_CROSS) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(ablation.SEESAW_CROSS)) == {
+        "-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", ablation.NO_DISPATCH}
+    # the same products as the seesaw (only their order and the hand-overs change), and the same copies
+    assert ablation.hgmma_shapes(ablation.SEESAW_CROSS) == ablation.hgmma_shapes(ablation.SEESAW)
+    c, see = ablation.sass_counts(ablation.SEESAW_CROSS), ablation.sass_counts(ablation.SEESAW)
+    assert c["UTMALDG"] == see["UTMALDG"]
+    assert 0 < c["WAIT"] <= 8  # only the waits the source asks for: ptxas serialised no product
+    tl = ablation.sass_counts(ablation.SEESAW_CROSS_TIMELINE)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (c["HGMMA"], c["UTMALDG"], c["WAIT"])
+    assert ablation.SEESAW_CROSS_TIMELINE in ablation.STAMPING and ablation.SEESAW_CROSS not in ablation.STAMPING
+    assert [len(e) for e in ablation.SEESAW_CROSS_STAMP_EVENTS] == [6, 6]
+
+
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     import numpy as np
 
@@ -201,8 +216,14 @@ def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     assert out["over_tensor"] == 8000 / ablation.SEESAW_PAIR_TENSOR_CYCLES
     assert ablation.SEESAW_PAIR_TENSOR_CYCLES == 4352
     assert out["scores_end_apart"] == 2501 / 8000  # warpgroup 1's last stamp 2501 cycles after warpgroup 0's
+    assert out["to_next_pair"] == [3000, 500]  # 8000 - 5 x 1000 and 8000 - 5 x 1500
     with pytest.raises(ValueError, match="no complete pair"):
         ablation.seesaw_timeline_summary(np.zeros((2, ablation.STAMP_TILES, 6)))
+    crossed = ablation.seesaw_timeline_summary(st, events=ablation.SEESAW_CROSS_STAMP_EVENTS)
+    assert list(crossed["phases"][0]) == ["pair start -> P_A handed over", "P_A handed over -> A's products done",
+                                          "A's products done -> P_B known", "P_B known -> next A's scores issued",
+                                          "next A's scores issued -> next A's scores done"]
+    assert list(crossed["phases"][0].values()) == list(out["phases"][0].values())
 
 
 def test_the_pingpong_turns_are_balanced_in_the_source():
@@ -467,22 +488,26 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     Problem(streams=2, q_len=9, heads=64, prefix=(16384, 9001), page_size=64),       # many tiles a block
     Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144 pairs: the op's kernel
     Problem(streams=2, q_len=4, heads=16, prefix=(700, 33), page_size=1),           # pages of 1: the op's kernel
+    # a unit a stream, of lengths mixed so that many blocks end (and start) in a stream's last tiles
+    Problem(streams=40, q_len=4, heads=16, prefix=tuple((7919 * i) % 9000 for i in range(40)), page_size=64),
 ], ids=lambda p: p.label())
-def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem):
+@pytest.mark.parametrize("build", [ablation.SEESAW, ablation.SEESAW_CROSS])
+def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
     from mla_lab.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=13, poison=True)
-    _right_on_two_grids(ablation.SEESAW, w, reference_attention(*w.args(), check=False), few_blocks=3)
+    _right_on_two_grids(build, w, reference_attention(*w.args(), check=False), few_blocks=3)
 
 
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("splits", [None, 2])
-def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits):
+@pytest.mark.parametrize("build", [ablation.SEESAW, ablation.SEESAW_CROSS])
+def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, build):
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
-    call = ablation.runner(ablation.SEESAW, w, num_splits=splits)  # the checks run here, on the good table
+    call = ablation.runner(build, w, num_splits=splits)  # the checks run here, on the good table
     w.block_table[0, 5:9] = 1 << 30  # then four used slots of stream 0 go bad, as a graph replay would see them
     w.block_table[2, 3] = -7
     call()
@@ -494,14 +519,15 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits):
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
-def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right():
+@pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE])
+def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
 
     w = make_workload(Problem(streams=8, q_len=16, heads=64, prefix=4096, page_size=64), device="cuda", seed=5,
                       poison=True)
-    st = ablation.timeline(w, variant=ablation.SEESAW_TIMELINE)
-    call = ablation.runner(ablation.SEESAW_TIMELINE, w)
+    st = ablation.timeline(w, variant=build)
+    call = ablation.runner(build, w)
     call()
     torch.cuda.synchronize()
     assert compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
