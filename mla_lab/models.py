@@ -539,6 +539,42 @@ def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p):
     return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
 
 
+def _seesaw_cross_tiles(w, b, q, vis, tiles, tr, round_p):
+    """The crossed seesaw's loop (``-DMLA_HOPPER_SEESAW_CROSS=1``): the same pairs and warpgroups, but P_A reaches
+    warpgroup 1 in A's own reference (rounded once, like every P), and warpgroup 1 adds it before B's softmax;
+    where B moves the reference, each warpgroup's half of O and its sum follow B's reference before P_B's
+    products."""
+    half = D_V // 2
+    rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
+    n = q.shape[0]
+    m = torch.full((n,), -math.inf)
+    l_a, l_b = torch.zeros(n), torch.zeros(n)
+    o_left, o_right = torch.zeros(n, half), torch.zeros(n, half)
+    scores = lambda tile: _tile_scores(w, b, q, vis, tile, tr)
+
+    tiles = list(tiles)
+    for i in range(0, len(tiles), 2):
+        s_a, kv_a = scores(tiles[i])
+        ref_a, f_a, p_a = _moved(s_a, m)                      # [0] A's softmax
+        l_a = l_a * f_a + p_a.sum(-1)
+        p_a = rnd(p_a)
+        o_left = o_left * f_a[:, None] + p_a @ kv_a[:, :half]
+        o_right = o_right * f_a[:, None] + p_a @ kv_a[:, half:D_V]  # [1] P_A in A's reference
+        ref_b, f_b = ref_a, torch.ones(n)
+        if i + 1 < len(tiles):                               # [1] B's softmax, from A's reference
+            s_b, kv_b = scores(tiles[i + 1])
+            ref_b, f_b, p_b = _moved(s_b, ref_a)
+        l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if i + 1 < len(tiles) else 0.0)
+        l_a = l_a * f_b                                      # both halves follow B's reference (rarely moved)
+        o_left, o_right = o_left * f_b[:, None], o_right * f_b[:, None]
+        if i + 1 < len(tiles):
+            p_b = rnd(p_b)
+            o_right = o_right + p_b @ kv_b[:, half:D_V]
+            o_left = o_left + p_b @ kv_b[:, :half]
+        m = ref_b
+    return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
+
+
 def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_loop):
     """Stage 10's plan, each block's share piece by piece (``tile_loop``), and the merge of the cut units."""
     B, T, H, _ = w.q.shape
@@ -604,11 +640,12 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
     return _model_persistent(w, num_splits, round_p, None, _hopper_tiles)
 
 
-def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True):
+def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True, cross: bool = False):
     """Stage 10's seesaw build (``-DMLA_HOPPER_SEESAW=1``) where it runs its own kernel (a stream's pairs fill
-    tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says,
-    the same merge."""
-    return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS, _seesaw_tiles)
+    tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says
+    (with ``cross``, :func:`_seesaw_cross_tiles`: the crossed build, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same
+    merge."""
+    return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS, _seesaw_cross_tiles if cross else _seesaw_tiles)
 
 
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,

@@ -230,6 +230,27 @@ def test_the_seesaw_model_matches_reference(case):
     assert rel_l2(out, ref_out) < 1e-5 and (lse - ref_lse).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("case", range(len(SEESAW_CASES)),
+                         ids=[f"{p.label()} s{ns} x{k}" for p, ns, k in SEESAW_CASES])
+def test_the_crossed_seesaw_model_matches_reference_and_the_seesaw(case):
+    from mla_lab.models import model_seesaw
+
+    p, ns, q_scale = SEESAW_CASES[case]
+    w = make_workload(p, seed=40 + case, poison=True)
+    w.q.mul_(q_scale)
+    ref_out, ref_lse = reference_attention(*w.args())
+    out, lse, tr = model_seesaw(w, ns, cross=True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel_l2(out, ref_out) < 3e-3 and (lse - ref_lse).abs().max() < 1e-4  # every P rounded once
+    see_out, see_lse, see_tr = model_seesaw(w, ns)
+    assert tr.parts == see_tr.parts  # the same bytes: only the order of the work and its rescales differ
+    assert torch.equal(lse, see_lse)  # the same references and sums
+    # in fp32 the two orders differ only by the order of their additions
+    out, _, _ = model_seesaw(w, ns, round_p=False, cross=True)
+    see_out, _, _ = model_seesaw(w, ns, round_p=False)
+    assert rel_l2(out, see_out) < 1e-6 and rel_l2(out, ref_out) < 1e-5
+
+
 def test_the_large_score_seesaw_case_moves_the_reference_in_a_b_tile():
     """The large-score case is the one that exercises the rescales: some pair's B tile (an odd tile) holds a
     score more than 2^8 above every score of the tiles before it, so warpgroup 1 moves the reference there
