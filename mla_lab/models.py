@@ -17,6 +17,7 @@ two to each other.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -503,10 +504,14 @@ def _hopper_tiles(w, b, q, vis, tiles, tr, round_p):
     return acc, m, l
 
 
-def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p):
+def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p, cross=False):
     """The seesaw build's loop over one piece of a unit (``hopper_seesaw_kernel``): the tiles in pairs, A scored
     by warpgroup 0 (dims 0..255 of O), B by warpgroup 1 (dims 256..511), one lazy reference passed A -> B -> next
-    A; each warpgroup's sum covers its own tiles, and P_A reaches warpgroup 1 in B's reference."""
+    A; each warpgroup's sum covers its own tiles, and P_A reaches warpgroup 1 in B's reference.
+
+    ``cross``: the crossed order (``-DMLA_HOPPER_SEESAW_CROSS=1``): P_A reaches warpgroup 1 in A's own reference
+    (rounded once, like every P), and warpgroup 1 adds it before B's softmax; where B moves the reference, each
+    warpgroup's half of O and its sum follow B's reference before P_B's products."""
     half = D_V // 2
     rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
     n = q.shape[0]
@@ -517,59 +522,27 @@ def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p):
 
     tiles = list(tiles)
     for i in range(0, len(tiles), 2):
+        has_b = i + 1 < len(tiles)
         s_a, kv_a = scores(tiles[i])
         ref_a, f_a, p_a = _moved(s_a, m)                      # [0] A's softmax
         l_a = l_a * f_a + p_a.sum(-1)
         p_a = rnd(p_a)
         o_left = o_left * f_a[:, None] + p_a @ kv_a[:, :half]
+        if cross:
+            o_right = o_right * f_a[:, None] + p_a @ kv_a[:, half:D_V]  # [1] P_A in A's reference
         ref_b, f_b = ref_a, torch.ones(n)
-        if i + 1 < len(tiles):                               # [1] B's softmax, from A's reference
+        if has_b:                                            # [1] B's softmax, from A's reference
             s_b, kv_b = scores(tiles[i + 1])
             ref_b, f_b, p_b = _moved(s_b, ref_a)
-        l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if i + 1 < len(tiles) else 0.0)
-        o_right = o_right * (f_a * f_b)[:, None]
-        if i + 1 < len(tiles):
+        l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if has_b else 0.0)
+        o_right = o_right * (f_b if cross else f_a * f_b)[:, None]
+        if has_b:
             p_b = rnd(p_b)
             o_right = o_right + p_b @ kv_b[:, half:D_V]
-        o_right = o_right + rnd(p_a * f_b[:, None]) @ kv_a[:, half:D_V]  # [1] P_A in B's reference
+        if not cross:
+            o_right = o_right + rnd(p_a * f_b[:, None]) @ kv_a[:, half:D_V]  # [1] P_A in B's reference
         l_a, o_left = l_a * f_b, o_left * f_b[:, None]       # [0] A's half follows B's reference
-        if i + 1 < len(tiles):
-            o_left = o_left + p_b @ kv_b[:, :half]
-        m = ref_b
-    return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
-
-
-def _seesaw_cross_tiles(w, b, q, vis, tiles, tr, round_p):
-    """The crossed seesaw's loop (``-DMLA_HOPPER_SEESAW_CROSS=1``): the same pairs and warpgroups, but P_A reaches
-    warpgroup 1 in A's own reference (rounded once, like every P), and warpgroup 1 adds it before B's softmax;
-    where B moves the reference, each warpgroup's half of O and its sum follow B's reference before P_B's
-    products."""
-    half = D_V // 2
-    rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
-    n = q.shape[0]
-    m = torch.full((n,), -math.inf)
-    l_a, l_b = torch.zeros(n), torch.zeros(n)
-    o_left, o_right = torch.zeros(n, half), torch.zeros(n, half)
-    scores = lambda tile: _tile_scores(w, b, q, vis, tile, tr)
-
-    tiles = list(tiles)
-    for i in range(0, len(tiles), 2):
-        s_a, kv_a = scores(tiles[i])
-        ref_a, f_a, p_a = _moved(s_a, m)                      # [0] A's softmax
-        l_a = l_a * f_a + p_a.sum(-1)
-        p_a = rnd(p_a)
-        o_left = o_left * f_a[:, None] + p_a @ kv_a[:, :half]
-        o_right = o_right * f_a[:, None] + p_a @ kv_a[:, half:D_V]  # [1] P_A in A's reference
-        ref_b, f_b = ref_a, torch.ones(n)
-        if i + 1 < len(tiles):                               # [1] B's softmax, from A's reference
-            s_b, kv_b = scores(tiles[i + 1])
-            ref_b, f_b, p_b = _moved(s_b, ref_a)
-        l_b = l_b * (f_a * f_b) + (p_b.sum(-1) if i + 1 < len(tiles) else 0.0)
-        l_a = l_a * f_b                                      # both halves follow B's reference (rarely moved)
-        o_left, o_right = o_left * f_b[:, None], o_right * f_b[:, None]
-        if i + 1 < len(tiles):
-            p_b = rnd(p_b)
-            o_right = o_right + p_b @ kv_b[:, half:D_V]
+        if has_b:
             o_left = o_left + p_b @ kv_b[:, :half]
         m = ref_b
     return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
@@ -643,9 +616,9 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
 def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True, cross: bool = False):
     """Stage 10's seesaw build (``-DMLA_HOPPER_SEESAW=1``) where it runs its own kernel (a stream's pairs fill
     tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says
-    (with ``cross``, :func:`_seesaw_cross_tiles`: the crossed build, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same
-    merge."""
-    return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS, _seesaw_cross_tiles if cross else _seesaw_tiles)
+    (with ``cross``, in the crossed build's order, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same merge."""
+    return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS,
+                             functools.partial(_seesaw_tiles, cross=cross))
 
 
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,
