@@ -1759,18 +1759,53 @@ struct TilePages {
   int bad;      // a box's page lies outside the pool
 };
 
-__device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const int* table, int kv_len, int tile,
-                                                int box_keys) {
+// Where a tile's boxes sit in its stream's block table.  Pages of 16 or 32
+// keys: a tile's `boxes` boxes are consecutive entries.  Pages of 64 keys or
+// more: a page holds `tiles` whole tiles.  Set once per kernel.
+struct PageSteps {
+  int boxes;  // boxes of a tile: 1, 2 or 4
+  int tiles;  // tiles of a page (1 where a page holds fewer keys than a tile)
+  int shift;  // log2(tiles), or -1 where tiles is not a power of two
+};
+__device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys) {
+  PageSteps s;
+  s.boxes = kKeysPerTile / box_keys;
+  s.tiles = box_keys == kKeysPerTile ? p.page_size / kKeysPerTile : 1;
+  s.shift = (s.tiles & (s.tiles - 1)) == 0 ? __ffs(s.tiles) - 1 : -1;
+  return s;
+}
+// Page ids by steps rather than by division (builds seesaw_steps and
+// seesaw_cross_steps): a 32-bit division by a page size known only at run
+// time is some 25 dependent instructions in the one lane that asks for the
+// copies, four of them a pair of tiles in each warpgroup, and that lane's
+// warp holds its warpgroup's barriers meanwhile.
+#ifndef MLA_HOPPER_PAGE_STEPS
+#define MLA_HOPPER_PAGE_STEPS 0
+#endif
+// The block-table entry of a tile's first box, and the tile's first key within its page.
+__device__ __forceinline__ int tile_entry(const MlaParams& p, const PageSteps& s, int tile, int& in_page) {
+#if MLA_HOPPER_PAGE_STEPS
+  const int page = s.shift >= 0 ? tile >> s.shift : tile / s.tiles;  // its page's place in the stream
+  in_page = (tile - page * s.tiles) * kKeysPerTile;
+  return page * s.boxes;
+#else  // as first written: the key divided by the page size
+  const int key0 = tile * kKeysPerTile;
+  in_page = s.boxes == 1 ? key0 % p.page_size : 0;
+  return key0 / p.page_size;
+#endif
+}
+
+__device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSteps& s, const int* table, int kv_len,
+                                                int tile, int box_keys) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
-  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
+  const int entry = tile_entry(p, s, tile, t.in_page);
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int key = key0 + i * box_keys;
-    const bool used = i * box_keys < kKeysPerTile && key < kv_len;
-    const int pg = used ? table[key / p.page_size] : 0;
+    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
+    const int pg = used ? table[entry + i] : 0;
     const bool outside = used && (pg < 0 || pg >= p.num_pages);
     t.bad |= outside;
     t.page[i] = outside ? 0 : pg;
@@ -1785,27 +1820,28 @@ __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const int* t
 // copier's warp, and with it its warpgroup's products and barriers, for a
 // trip to L2: about 1500 cycles, twice a pair of tiles in each warpgroup at
 // 8 streams of 64 heads, when the pages were loaded there.)
-__device__ __forceinline__ void fetch_pages(const MlaParams& p, const int* table, int kv_len, int tile, int box_keys,
-                                            int* ring) {
+__device__ __forceinline__ void fetch_pages(const MlaParams& p, const PageSteps& s, const int* table, int kv_len,
+                                            int tile, int box_keys, int* ring) {
   const int key0 = tile * kKeysPerTile;
+  int in_page;
+  const int entry = tile_entry(p, s, tile, in_page);
   int* slot = ring + 4 * (tile & 3);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    if (i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len)
-      cp_async4(smem_addr(slot + i), table + (key0 + i * box_keys) / p.page_size);
+    if (i < s.boxes && key0 + i * box_keys < kv_len) cp_async4(smem_addr(slot + i), table + entry + i);
 }
 // The pages of a tile whose entries fetch_pages copied (after the copier's cp.async wait).
-__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, int kv_len, int tile, int box_keys,
-                                                const int* ring) {
+__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps& s, int kv_len, int tile,
+                                                int box_keys, const int* ring) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
+  tile_entry(p, s, tile, t.in_page);
   const int* slot = ring + 4 * (tile & 3);
-  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
+    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
     const int pg = used ? slot[i] : 0;
     const bool outside = used && (pg < 0 || pg >= p.num_pages);
     t.bad |= outside;
@@ -1852,6 +1888,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kSOffBars);  // K0's 9 chunks, then K1's
   int* bad_s = reinterpret_cast<int*>(smem + kSOffBad);            // by unit parity
   int* ring = reinterpret_cast<int*>(smem + kSOffPages) + 16 * wg;  // this copier's page ids, fetched ahead
+  const PageSteps steps = page_steps(p, kv.box_keys);
   const float scale_log2 = p.scale * kLog2e;
   const int first_share_unit = cur.unit;
   const int dim_half = 4 * wg;  // this warpgroup's V chunks: dims 256 wg .. 256 wg + 255
@@ -1934,19 +1971,19 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     // does.  (Every product of the previous unit is done: its end passed a
     // barrier of both warpgroups after their last waits.)
     if (threadIdx.x == 0) {
-      const TilePages ta = tile_pages(p, table, kv_len, t0, kv.box_keys);
+      const TilePages ta = tile_pages(p, steps, table, kv_len, t0, kv.box_keys);
       for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], ta, j);
       int bad = ta.bad;
       if (t0 + 1 < t1) {
-        const TilePages tb = tile_pages(p, table, kv_len, t0 + 1, kv.box_keys);
+        const TilePages tb = tile_pages(p, steps, table, kv_len, t0 + 1, kv.box_keys);
         for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], tb, j);
         bad |= tb.bad;
       }
       *bad_flag = bad;  // (the flag of the unit before last: read before this unit's first barrier)
     }
     if (copier) {  // the next pair's page ids, waited for with the unit's Q below
-      if (t0 + 2 < t1) fetch_pages(p, table, kv_len, t0 + 2, kv.box_keys, ring);
-      if (t0 + 3 < t1) fetch_pages(p, table, kv_len, t0 + 3, kv.box_keys, ring);
+      if (t0 + 2 < t1) fetch_pages(p, steps, table, kv_len, t0 + 2, kv.box_keys, ring);
+      if (t0 + 3 < t1) fetch_pages(p, steps, table, kv_len, t0 + 3, kv.box_keys, ring);
     }
     load_unit_q<true>(p, b, kv_len, pair0, n_pairs, kRowsPairs, q_s, q_row_s, vis_s, m_s, threadIdx.x, kSeeThreads,
                       kBarSeeBoth);
@@ -1990,15 +2027,15 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
       // The page ids of the pair after next, fetched now; those of the next pair
       // were fetched a pair ago (or with the unit's Q): only they are waited for.
       if (copier) {
-        if (tile + 4 < t1) fetch_pages(p, table, kv_len, tile + 4, kv.box_keys, ring);
-        if (tile + 5 < t1) fetch_pages(p, table, kv_len, tile + 5, kv.box_keys, ring);
+        if (tile + 4 < t1) fetch_pages(p, steps, table, kv_len, tile + 4, kv.box_keys, ring);
+        if (tile + 5 < t1) fetch_pages(p, steps, table, kv_len, tile + 5, kv.box_keys, ring);
         cp_async_commit();
       }
       bool fetched = false;
       auto pages_of = [&](int t) {
         if (!fetched) cp_async_wait<1>();  // all but this pair's fetch
         fetched = true;
-        return ring_pages(p, kv_len, t, kv.box_keys, ring);
+        return ring_pages(p, steps, kv_len, t, kv.box_keys, ring);
       };
       const int valid_a = kv_len - tile * kKeysPerTile, valid_b = valid_a - kKeysPerTile;  // keys of the stream in A, B
       SEE_STAMP(0);

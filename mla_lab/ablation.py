@@ -69,7 +69,11 @@ hands P_A over in A's own reference as soon as A's softmax is done, warpgroup 1
 adds P_A V_A while it runs B's softmax, and a warpgroup whose O B's reference
 moves rescales it before adding P_B V_B; warpgroup 1 scores the next B only once
 the next A's scores are done.  ``seesaw_cross_timeline`` stamps it
-(:data:`SEESAW_CROSS_STAMP_EVENTS`).
+(:data:`SEESAW_CROSS_STAMP_EVENTS`).  ``seesaw_steps`` and ``seesaw_cross_steps``
+(``-DMLA_HOPPER_PAGE_STEPS=1`` on top of each) find a tile's block-table entry
+by steps set once per kernel (a shift where a page holds a power of two of
+tiles) instead of dividing its first key by the page size at every tile;
+``seesaw_cross_steps_timeline`` stamps the second.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -151,6 +155,10 @@ SEESAW_TIMELINE = "seesaw_timeline"
 # The seesaw in its crossed order (-DMLA_HOPPER_SEESAW_CROSS=1): P_A handed over in A's own reference, and its timeline.
 SEESAW_CROSS = "seesaw_cross"
 SEESAW_CROSS_TIMELINE = "seesaw_cross_timeline"
+# Both orders with their tiles' page ids found by steps, not by division (-DMLA_HOPPER_PAGE_STEPS=1), and a timeline.
+SEESAW_STEPS = "seesaw_steps"
+SEESAW_CROSS_STEPS = "seesaw_cross_steps"
+SEESAW_CROSS_STEPS_TIMELINE = "seesaw_cross_steps_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -186,6 +194,10 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
           SEESAW_CROSS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1"],
           SEESAW_CROSS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
+          SEESAW_CROSS_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
+          SEESAW_CROSS_STEPS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
+                                        "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -203,7 +215,8 @@ BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPP
           **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
-STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE)
+STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE,
+            SEESAW_CROSS_STEPS_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")

@@ -203,6 +203,21 @@ def test_the_crossed_seesaw_is_the_seesaw_with_the_same_products_and_copies():
     assert [len(e) for e in ablation.SEESAW_CROSS_STAMP_EVENTS] == [6, 6]
 
 
+@pytest.mark.parametrize("steps, dividing", [(ablation.SEESAW_STEPS, ablation.SEESAW),
+                                             (ablation.SEESAW_CROSS_STEPS, ablation.SEESAW_CROSS)])
+def test_the_page_steps_builds_change_only_how_a_tile_finds_its_pages(steps, dividing):
+    assert ablation.main_kernel(steps) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(steps)) == set(ablation.build_defines(dividing)) | {"-DMLA_HOPPER_PAGE_STEPS=1"}
+    # the same products, copies and waits as the build that divides
+    assert ablation.hgmma_shapes(steps) == ablation.hgmma_shapes(dividing)
+    c, d = ablation.sass_counts(steps), ablation.sass_counts(dividing)
+    assert (c["HGMMA"], c["UTMALDG"], c["WAIT"]) == (d["HGMMA"], d["UTMALDG"], d["WAIT"])
+    assert ablation.SEESAW_CROSS_STEPS_TIMELINE in ablation.STAMPING and steps not in ablation.STAMPING
+    tl = ablation.sass_counts(ablation.SEESAW_CROSS_STEPS_TIMELINE)
+    cross = ablation.sass_counts(ablation.SEESAW_CROSS_STEPS)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (cross["HGMMA"], cross["UTMALDG"], cross["WAIT"])
+
+
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     import numpy as np
 
@@ -474,6 +489,10 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     assert torch.isnan(call.out[0].float()).all() and torch.isfinite(call.out[1:].float()).all()
 
 
+# The seesaw's builds: both orders, dividing by the page size and by steps.
+SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS]
+
+
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
@@ -482,6 +501,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     Problem(streams=2, q_len=16, heads=128, prefix=(0, 700), page_size=16),         # an empty stream; 4 boxes a chunk
     Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=64),  # one unit, a tile or two
     Problem(streams=3, q_len=2, heads=128, prefix=(5000, 127, 129), page_size=128),  # two tiles per page
+    Problem(streams=3, q_len=9, heads=64, prefix=(5000, 130, 1999), page_size=192),  # three (not a power of two)
+    Problem(streams=2, q_len=4, heads=64, prefix=(4099, 256), page_size=256),         # four
     Problem(streams=2, q_len=5, heads=128, prefix=(3000, 20000), page_size=32),     # two boxes a chunk
     Problem(streams=2, q_len=16, heads=8, prefix=(5000, 1), page_size=64, scattered=True),  # 128 pairs: two units
     Problem(streams=40, q_len=2, heads=64, prefix=tuple(range(0, 4000, 100)), page_size=64),  # mixed lengths
@@ -491,7 +512,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
     # a unit a stream, of lengths mixed so that many blocks end (and start) in a stream's last tiles
     Problem(streams=40, q_len=4, heads=16, prefix=tuple((7919 * i) % 9000 for i in range(40)), page_size=64),
 ], ids=lambda p: p.label())
-@pytest.mark.parametrize("build", [ablation.SEESAW, ablation.SEESAW_CROSS])
+@pytest.mark.parametrize("build", SEESAW_BUILDS)
 def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
     from mla_lab.reference import reference_attention
 
@@ -503,7 +524,7 @@ def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("splits", [None, 2])
-@pytest.mark.parametrize("build", [ablation.SEESAW, ablation.SEESAW_CROSS])
+@pytest.mark.parametrize("build", SEESAW_BUILDS)
 def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, build):
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
@@ -519,7 +540,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, b
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
-@pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE])
+@pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE,
+                                   ablation.SEESAW_CROSS_STEPS_TIMELINE])
 def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
