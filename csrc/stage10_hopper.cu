@@ -1777,21 +1777,28 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 // Page ids by steps rather than by division (builds seesaw_steps and
 // seesaw_cross_steps): a 32-bit division by a page size known only at run
 // time is some 25 dependent instructions in the one lane that asks for the
-// copies, four of them a pair of tiles in each warpgroup, and that lane's
-// warp holds its warpgroup's barriers meanwhile.
+// copies, and that lane's warp holds its warpgroup's barriers meanwhile.  As
+// first written, each box of a tile that holds keys divides its first key, and
+// the tile's first key within its page takes one more division.
 #ifndef MLA_HOPPER_PAGE_STEPS
 #define MLA_HOPPER_PAGE_STEPS 0
 #endif
-// The block-table entry of a tile's first box, and the tile's first key within its page.
-__device__ __forceinline__ int tile_entry(const MlaParams& p, const PageSteps& s, int tile, int& in_page) {
+// The block-table entry of box i of a tile.
+__device__ __forceinline__ int box_entry(const MlaParams& p, const PageSteps& s, int tile, int i, int box_keys) {
 #if MLA_HOPPER_PAGE_STEPS
   const int page = s.shift >= 0 ? tile >> s.shift : tile / s.tiles;  // its page's place in the stream
-  in_page = (tile - page * s.tiles) * kKeysPerTile;
-  return page * s.boxes;
-#else  // as first written: the key divided by the page size
-  const int key0 = tile * kKeysPerTile;
-  in_page = s.boxes == 1 ? key0 % p.page_size : 0;
-  return key0 / p.page_size;
+  return page * s.boxes + i;
+#else
+  return (tile * kKeysPerTile + i * box_keys) / p.page_size;
+#endif
+}
+// A tile's first key within its page (0 where a page holds fewer keys than a tile).
+__device__ __forceinline__ int tile_in_page(const MlaParams& p, const PageSteps& s, int tile, int box_keys) {
+#if MLA_HOPPER_PAGE_STEPS
+  const int page = s.shift >= 0 ? tile >> s.shift : tile / s.tiles;
+  return (tile - page * s.tiles) * kKeysPerTile;
+#else
+  return box_keys == kKeysPerTile ? tile * kKeysPerTile % p.page_size : 0;
 #endif
 }
 
@@ -1799,13 +1806,13 @@ __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSt
                                                 int tile, int box_keys) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
-  const int entry = tile_entry(p, s, tile, t.in_page);
+  t.in_page = tile_in_page(p, s, tile, box_keys);
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
-    const int pg = used ? table[entry + i] : 0;
+    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
+    const int pg = used ? table[box_entry(p, s, tile, i, box_keys)] : 0;
     const bool outside = used && (pg < 0 || pg >= p.num_pages);
     t.bad |= outside;
     t.page[i] = outside ? 0 : pg;
@@ -1823,25 +1830,24 @@ __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSt
 __device__ __forceinline__ void fetch_pages(const MlaParams& p, const PageSteps& s, const int* table, int kv_len,
                                             int tile, int box_keys, int* ring) {
   const int key0 = tile * kKeysPerTile;
-  int in_page;
-  const int entry = tile_entry(p, s, tile, in_page);
   int* slot = ring + 4 * (tile & 3);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    if (i < s.boxes && key0 + i * box_keys < kv_len) cp_async4(smem_addr(slot + i), table + entry + i);
+    if (i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len)
+      cp_async4(smem_addr(slot + i), table + box_entry(p, s, tile, i, box_keys));
 }
 // The pages of a tile whose entries fetch_pages copied (after the copier's cp.async wait).
 __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps& s, int kv_len, int tile,
                                                 int box_keys, const int* ring) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
-  tile_entry(p, s, tile, t.in_page);
   const int* slot = ring + 4 * (tile & 3);
+  t.in_page = tile_in_page(p, s, tile, box_keys);
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
+    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
     const int pg = used ? slot[i] : 0;
     const bool outside = used && (pg < 0 || pg >= p.num_pages);
     t.bad |= outside;
