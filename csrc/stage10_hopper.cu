@@ -1774,45 +1774,95 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
   s.shift = (s.tiles & (s.tiles - 1)) == 0 ? __ffs(s.tiles) - 1 : -1;
   return s;
 }
-// Page ids by steps rather than by division (builds seesaw_steps and
-// seesaw_cross_steps): a 32-bit division by a page size known only at run
-// time is some 25 dependent instructions in the one lane that asks for the
-// copies, and that lane's warp holds its warpgroup's barriers meanwhile.  As
-// first written, each box of a tile that holds keys divides its first key, and
-// the tile's first key within its page takes one more division.
+
+// tile_pages: the pages of a tile's boxes, from the block table (a unit's
+// first two tiles).  fetch_pages: the block table's entries of a tile's
+// boxes, copied by cp.async into `ring` (a slot of 4 ints per tile, 4 tiles)
+// a pair of tiles before the copies need them.  (A load used when the copies
+// are issued stalls the copier's warp, and with it its warpgroup's products
+// and barriers, for a trip to L2: about 1500 cycles, twice a pair of tiles in
+// each warpgroup at 8 streams of 64 heads, when the pages were loaded there.)
+// ring_pages: the pages of a tile whose entries fetch_pages copied (after the
+// copier's cp.async wait).
+//
+// By steps (builds seesaw_steps and seesaw_cross_steps): a tile's first entry
+// once, from the steps, and its boxes the entries after it.  As first written,
+// each box of a tile that holds keys divides its first key by the page size,
+// and the tile's first key within its page takes one more division: a 32-bit
+// division by a value known only at run time is some 25 dependent
+// instructions, in the one lane that asks for the copies, while its warp holds
+// its warpgroup's barriers.
 #ifndef MLA_HOPPER_PAGE_STEPS
 #define MLA_HOPPER_PAGE_STEPS 0
 #endif
-// The block-table entry of box i of a tile.
-__device__ __forceinline__ int box_entry(const MlaParams& p, const PageSteps& s, int tile, int i, int box_keys) {
 #if MLA_HOPPER_PAGE_STEPS
+// The block-table entry of a tile's first box, and the tile's first key within its page.
+__device__ __forceinline__ int tile_entry(const PageSteps& s, int tile, int& in_page) {
   const int page = s.shift >= 0 ? tile >> s.shift : tile / s.tiles;  // its page's place in the stream
-  return page * s.boxes + i;
-#else
-  return (tile * kKeysPerTile + i * box_keys) / p.page_size;
-#endif
-}
-// A tile's first key within its page (0 where a page holds fewer keys than a tile).
-__device__ __forceinline__ int tile_in_page(const MlaParams& p, const PageSteps& s, int tile, int box_keys) {
-#if MLA_HOPPER_PAGE_STEPS
-  const int page = s.shift >= 0 ? tile >> s.shift : tile / s.tiles;
-  return (tile - page * s.tiles) * kKeysPerTile;
-#else
-  return box_keys == kKeysPerTile ? tile * kKeysPerTile % p.page_size : 0;
-#endif
+  in_page = (tile - page * s.tiles) * kKeysPerTile;
+  return page * s.boxes;
 }
 
 __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSteps& s, const int* table, int kv_len,
                                                 int tile, int box_keys) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
-  t.in_page = tile_in_page(p, s, tile, box_keys);
+  const int entry = tile_entry(s, tile, t.in_page);
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
-    const int pg = used ? table[box_entry(p, s, tile, i, box_keys)] : 0;
+    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
+    const int pg = used ? table[entry + i] : 0;
+    const bool outside = used && (pg < 0 || pg >= p.num_pages);
+    t.bad |= outside;
+    t.page[i] = outside ? 0 : pg;
+    t.boxes += used;
+  }
+  return t;
+}
+__device__ __forceinline__ void fetch_pages(const MlaParams&, const PageSteps& s, const int* table, int kv_len,
+                                            int tile, int box_keys, int* ring) {
+  const int key0 = tile * kKeysPerTile;
+  int in_page;
+  const int entry = tile_entry(s, tile, in_page);
+  int* slot = ring + 4 * (tile & 3);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (i < s.boxes && key0 + i * box_keys < kv_len) cp_async4(smem_addr(slot + i), table + entry + i);
+}
+__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps& s, int kv_len, int tile,
+                                                int box_keys, const int* ring) {
+  TilePages t;
+  const int key0 = tile * kKeysPerTile;
+  tile_entry(s, tile, t.in_page);
+  const int* slot = ring + 4 * (tile & 3);
+  t.boxes = 0;
+  t.bad = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
+    const int pg = used ? slot[i] : 0;
+    const bool outside = used && (pg < 0 || pg >= p.num_pages);
+    t.bad |= outside;
+    t.page[i] = outside ? 0 : pg;
+    t.boxes += used;
+  }
+  return t;
+}
+#else  // as first written
+__device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSteps&, const int* table, int kv_len,
+                                                int tile, int box_keys) {
+  TilePages t;
+  const int key0 = tile * kKeysPerTile;
+  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
+  t.boxes = 0;
+  t.bad = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = key0 + i * box_keys;
+    const bool used = i * box_keys < kKeysPerTile && key < kv_len;
+    const int pg = used ? table[key / p.page_size] : 0;
     const bool outside = used && (pg < 0 || pg >= p.num_pages);
     t.bad |= outside;
     t.page[i] = outside ? 0 : pg;
@@ -1821,28 +1871,21 @@ __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSt
   return t;
 }
 
-// The block table's entries of tile `tile`'s boxes, copied by cp.async into
-// `ring` (a slot of 4 ints per tile, 4 tiles) a pair of tiles before the
-// copies need them.  (A load used when the copies are issued stalls the
-// copier's warp, and with it its warpgroup's products and barriers, for a
-// trip to L2: about 1500 cycles, twice a pair of tiles in each warpgroup at
-// 8 streams of 64 heads, when the pages were loaded there.)
-__device__ __forceinline__ void fetch_pages(const MlaParams& p, const PageSteps& s, const int* table, int kv_len,
+__device__ __forceinline__ void fetch_pages(const MlaParams& p, const PageSteps&, const int* table, int kv_len,
                                             int tile, int box_keys, int* ring) {
   const int key0 = tile * kKeysPerTile;
   int* slot = ring + 4 * (tile & 3);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     if (i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len)
-      cp_async4(smem_addr(slot + i), table + box_entry(p, s, tile, i, box_keys));
+      cp_async4(smem_addr(slot + i), table + (key0 + i * box_keys) / p.page_size);
 }
-// The pages of a tile whose entries fetch_pages copied (after the copier's cp.async wait).
-__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps& s, int kv_len, int tile,
+__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps&, int kv_len, int tile,
                                                 int box_keys, const int* ring) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
   const int* slot = ring + 4 * (tile & 3);
-  t.in_page = tile_in_page(p, s, tile, box_keys);
+  t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
   t.boxes = 0;
   t.bad = 0;
 #pragma unroll
@@ -1856,6 +1899,7 @@ __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSt
   }
   return t;
 }
+#endif  // MLA_HOPPER_PAGE_STEPS
 
 // Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
 __device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
