@@ -621,6 +621,32 @@ def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = Tru
                              functools.partial(_seesaw_tiles, cross=cross))
 
 
+def seesaw_page_steps(page_size: int) -> tuple[int, int, int]:
+    """The seesaw's steps for a page size the tensor copy reads (``PageSteps`` in csrc/stage10_hopper.cu, set once
+    per kernel): (boxes a tile, tiles a page, log2 of tiles a page or -1 where that is not a power of two)."""
+    box_keys = min(page_size, _stages.HOPPER_KEYS_PER_TILE)
+    boxes = _stages.HOPPER_KEYS_PER_TILE // box_keys
+    tiles = page_size // _stages.HOPPER_KEYS_PER_TILE if box_keys == _stages.HOPPER_KEYS_PER_TILE else 1
+    shift = tiles.bit_length() - 1 if tiles & (tiles - 1) == 0 else -1
+    return boxes, tiles, shift
+
+
+def seesaw_tile_boxes(page_size: int, tile: int, kv_len: int, by_steps: bool = True) -> tuple[list[int], int]:
+    """The block-table entries of a tile's boxes that hold keys of a stream of ``kv_len`` keys, and the tile's
+    first key within its page: by steps (build ``seesaw_steps``: the tile's first entry once, a shift where the
+    page holds a power of two of tiles) or, with ``by_steps=False``, as first written (each box's first key
+    divided by the page size)."""
+    box_keys = min(page_size, _stages.HOPPER_KEYS_PER_TILE)
+    key0 = tile * _stages.HOPPER_KEYS_PER_TILE
+    used = [i for i in range(4) if i * box_keys < _stages.HOPPER_KEYS_PER_TILE and key0 + i * box_keys < kv_len]
+    if not by_steps:
+        in_page = key0 % page_size if box_keys == _stages.HOPPER_KEYS_PER_TILE else 0
+        return [(key0 + i * box_keys) // page_size for i in used], in_page
+    boxes, tiles, shift = seesaw_page_steps(page_size)
+    page = tile >> shift if shift >= 0 else tile // tiles
+    return [page * boxes + i for i in used], (tile - page * tiles) * _stages.HOPPER_KEYS_PER_TILE
+
+
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,
           "hopper": model_hopper,
           **{s: model_tiled(s) for s in ("flash_ht8", "kv_split", "per_head", "warp_per_key", "float4")}}

@@ -267,3 +267,20 @@ def test_the_large_score_seesaw_case_moves_the_reference_in_a_b_tile():
     before = torch.cummax(tile_max, dim=1).values
     jumps = tile_max[:, 1:] > before[:, :-1] + 8.0
     assert jumps[:, 0::2].any()  # tiles 1, 3, 5, ...: the B of a pair
+
+
+# The seesaw's page lookup (csrc/stage10_hopper.cu, MLA_HOPPER_PAGE_STEPS): by steps set once per kernel, the
+# same entries and offsets as the division it replaces, for every page size the tensor copy reads.
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128, 192, 256, 320, 512])
+def test_the_seesaw_page_steps_find_what_the_division_finds(page_size):
+    from mla_lab.models import seesaw_page_steps, seesaw_tile_boxes
+
+    boxes, tiles, shift = seesaw_page_steps(page_size)
+    assert boxes * min(page_size, 64) == 64 and (tiles == 1 or tiles * 64 == page_size)
+    assert (shift >= 0) == (tiles & (tiles - 1) == 0)  # 192 and 320 keys: 3 and 5 tiles a page, still divided
+    for kv_len in (1, 63, 64, 65, 777, 4096, 5000):
+        for tile in range(-(-kv_len // 64)):
+            entries, in_page = seesaw_tile_boxes(page_size, tile, kv_len)
+            assert (entries, in_page) == seesaw_tile_boxes(page_size, tile, kv_len, by_steps=False)
+            assert entries and all(0 <= e < -(-kv_len // page_size) for e in entries)  # only entries the stream has
+            assert 0 <= in_page < page_size and in_page % 64 == 0
