@@ -101,15 +101,18 @@ constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 #endif
 constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 
-// The op's choice of loader.  The op is built with two main kernels, the same
-// code but for the loader: hopper_kernel gathers every tile with cp.async, and
-// hopper_tma_kernel copies whole tiles by TMA with the fences of the
-// "tma_fewer_fences" build.  The host picks one per call (tma_pays) from what
-// it knows: the tensor copy saved up to 8% of a call wherever each block had a
-// dozen tiles or more to load, and cost up to 5% of a short call.  With
-// MLA_HOPPER_DISPATCH = 0 (mla_lab/ablation.py builds it as "cp_async") the
-// op always gathers, as chapter 10's builds do: each of them is built without
-// the choice, so that it is compared with the op's cp.async kernel.
+// The op's choice of kernel.  The op is built with three main kernels:
+// hopper_kernel gathers every tile with cp.async, hopper_tma_kernel is the same
+// code copying whole tiles by TMA with the fences of the "tma_fewer_fences"
+// build, and hopper_seesaw_kernel is the crossed seesaw with its page lookups
+// by steps (the "seesaw_cross_steps" build).  The host picks one per call from
+// what it knows: the seesaw where a stream's pairs fill tiles of 64 and each
+// block has many tiles (seesaw_pays), else the tensor copy where each block
+// has a dozen tiles or more (tma_pays: it saved up to 8% of such calls, and
+// cost up to 5% of a short one), else the gather.  With MLA_HOPPER_DISPATCH = 0
+// (mla_lab/ablation.py builds it as "cp_async") the op always gathers, as
+// chapter 10's builds do: each of them is built without the choice, so that it
+// is compared with the op's cp.async kernel.
 #ifndef MLA_HOPPER_DISPATCH
 #define MLA_HOPPER_DISPATCH 1
 #endif
@@ -367,22 +370,36 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 }
 
 // The seesaw kernel (hopper_seesaw_kernel, below; mla_lab/ablation.py builds
-// it as "seesaw"; the op is built with 0), in units of 64 pairs: where a
-// stream's pairs fill tiles of 64 on wgmma's M and the tensor copy can read
-// tiles from its pages.  The host and every kernel of a call decide it alike,
-// from the call's shape.  (A cache the tensor copy cannot read after all, a
-// base or a stride not a multiple of 16 bytes, is gathered by hopper_kernel in
-// the same units of 64 pairs, 40 and 24 to its warpgroups.)  Every other call
-// runs as in the build without it.
+// it as "seesaw"; the op builds it with its choice, MLA_HOPPER_DISPATCH), in
+// units of 64 pairs: where a stream's pairs fill tiles of 64 on wgmma's M and
+// the tensor copy can read tiles from its pages, and, in the op, where it
+// pays.  The host and every kernel of a call decide it alike, from the call's
+// shape.  (A cache the tensor copy cannot read after all, a base or a stride
+// not a multiple of 16 bytes, is gathered by hopper_kernel in the same units of
+// 64 pairs, 40 and 24 to its warpgroups.)  Every other call runs as in the
+// build without it.
 #ifndef MLA_HOPPER_SEESAW
-#define MLA_HOPPER_SEESAW 0
+#define MLA_HOPPER_SEESAW MLA_HOPPER_DISPATCH
 #endif
 // The seesaw's crossed order (build seesaw_cross): P_A handed over in A's own reference.
 #ifndef MLA_HOPPER_SEESAW_CROSS
-#define MLA_HOPPER_SEESAW_CROSS 0
+#define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH
 #endif
+// Where the op runs the seesaw: where the block table's width gives each block
+// kSeeTilesPerBlock tiles or more, in units of 64 pairs (the lengths live on
+// the GPU, so this is a bound, as for tma_pays).  On the H200 the crossed
+// seesaw with page steps took 0.83 to 0.95 of the time of the op without it at
+// each of 11 shapes with 64 to 995 tiles a block, and 0.80 to 1.27 of it at 21
+// with fewer than 48.
+constexpr int kSeeTilesPerBlock = 56;
+__host__ __device__ inline bool seesaw_pays(const MlaParams& p) {
+  const int64_t units = (int64_t)p.batch * ((p.q_len * p.num_heads + kRowsPairs - 1) / kRowsPairs);
+  const int64_t unit_tiles = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
+  return units * unit_tiles >= (int64_t)kSeeTilesPerBlock * p.num_splits;
+}
 __host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
-  return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size);
+  return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size) &&
+         (!MLA_HOPPER_DISPATCH || seesaw_pays(p));
 }
 
 __host__ __device__ inline Shape shape_of(const MlaParams& p) {
@@ -1793,7 +1810,7 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 // instructions, in the one lane that asks for the copies, while its warp holds
 // its warpgroup's barriers.
 #ifndef MLA_HOPPER_PAGE_STEPS
-#define MLA_HOPPER_PAGE_STEPS 0
+#define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH  // the op's seesaw: by steps
 #endif
 #if MLA_HOPPER_PAGE_STEPS
 // The block-table entry of a tile's first box, and the tile's first key within its page.

@@ -188,7 +188,11 @@ MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 # every other build here does, so that each build is compared with this one rather than with the op, which copies
 # the tiles of long calls by TMA (hopper_tma_kernel).
 CP_ASYNC = "cp_async"
-BUILDS = {CP_ASYNC: [], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
+# The op with its choice of loader and without the seesaw (-DMLA_HOPPER_SEESAW=0): its two main kernels, hopper_kernel
+# and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
+# it also ran the crossed seesaw where that pays.  The one build made with the op's choice.
+LOADER_CHOICE = "loader_choice"
+BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
           SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
@@ -240,10 +244,11 @@ SEESAW_PAIR_TENSOR_CYCLES = (2 * 36 * 2 * 64 * 64 * 16 + 4 * 4 * 2 * 64 * 256 * 
 def build_defines(variant: str) -> list[str]:
     """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`).
 
-    Every build is made without the op's choice of loader (:data:`CP_ASYNC`).
+    Every build but :data:`LOADER_CHOICE` is made without the op's choice of kernel (:data:`CP_ASYNC`).
     """
     if variant in BUILDS:
-        return list(BUILDS[variant]) + [NO_DISPATCH]
+        own = list(BUILDS[variant])
+        return own if any(d.startswith("-DMLA_HOPPER_DISPATCH=") for d in own) else own + [NO_DISPATCH]
     if variant not in VARIANTS:
         raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} "
                          f"(and the builds {', '.join(BUILDS)})")

@@ -609,7 +609,12 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
     As on the tensor cores of stage 9, P is rounded to bf16 before it
     multiplies V and the softmax runs in base 2; ``round_p=False`` keeps P in
     fp32.  ``num_splits`` is the persistent grid (blocks); default 132.
+    Where the op runs the crossed seesaw (:func:`mla_lab.stages.hopper_seesaw_pays`,
+    from the block table's width), this is :func:`model_seesaw` with ``cross``.
     """
+    B, T, H, _ = w.q.shape
+    if _stages.hopper_seesaw_pays(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132):
+        return model_seesaw(w, num_splits, round_p, cross=True)
     return _model_persistent(w, num_splits, round_p, None, _hopper_tiles)
 
 
@@ -659,8 +664,12 @@ def run_model(stage_id: str, w: Workload, num_splits: int | None = None):
 
 # ---- the same counts in closed form ------------------------------------------
 
-def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
-    """Bytes the stage's kernels move for problem ``p``, without running anything."""
+def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | None = None) -> Traffic:
+    """Bytes the stage's kernels move for problem ``p``, without running anything.
+
+    ``table_width``: the block table's pages a stream (stage 10 picks its kernel by it); by default
+    :func:`mla_lab.problem.make_workload`'s, one more than the longest stream needs.
+    """
     st = _stages.get(stage_id)
     tr = Traffic()
     B, T, H = p.streams, p.q_len, p.heads
@@ -675,7 +684,9 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1) -> Traffic:
         return tr
     S = num_splits if st.splits else 1
     if st.persistent:
-        plan = hopper_plan(p.kv_lens, T, H, num_splits or 132)
+        width = table_width if table_width is not None else max(p.pages_per_stream) + 1
+        see = _stages.hopper_seesaw_pays(B, T, H, width, p.page_size, num_splits or 132)
+        plan = hopper_plan(p.kv_lens, T, H, num_splits or 132, pairs_per_block=SEESAW_PAIRS if see else None)
         K = st.keys_per_tile
         n_pairs = [len(range(g * plan.per_group, min(T * H, (g + 1) * plan.per_group))) for g in range(plan.groups)]
         for c in range(plan.blocks):

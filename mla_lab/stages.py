@@ -127,8 +127,8 @@ class Stage:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            cp_kernel, tma_kernel, combine, by_warps_kernel = HOPPER_KERNELS
-            units = streams * hopper_groups(q_len, heads)
+            cp_kernel, tma_kernel, see_kernel, combine, by_warps_kernel = HOPPER_KERNELS
+            units = hopper_units(streams, q_len, heads, max_pages, page_size, splits)
             slices = hopper_combine_slices(splits, units, hopper_table_tiles(max_pages, page_size))
             if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
                 merge = Launch(by_warps_kernel, (HOPPER_PAIRS_PER_BLOCK // HOPPER_PAIRS_PER_WARP_MERGE_BLOCK,
@@ -138,6 +138,8 @@ class Stage:
                                (hopper_combine_threads(slices, units), 1, 1), 0)
             # A table too narrow for two tiles cuts no unit: such a call launches no merge (may_cut_10).
             merges = [merge] if hopper_table_tiles(max_pages, page_size) > 1 else []
+            if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+                return [Launch(see_kernel, (splits, 1, 1), (HOPPER_SEE_THREADS, 1, 1), HOPPER_SEE_SMEM_BYTES), *merges]
             if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits):
                 return [Launch(tma_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), *merges]
             return [Launch(cp_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), *merges]
@@ -185,15 +187,48 @@ def hopper_groups(q_len: int, heads: int) -> int:
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
-def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
+def hopper_fills_rows(pairs: int) -> bool:
+    """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows): 64 or more, with an eighth
+    of padding at most."""
+    return pairs >= HOPPER_ROWS_PAIRS and 8 * (-(-pairs // HOPPER_ROWS_PAIRS) * HOPPER_ROWS_PAIRS) <= 9 * pairs
+
+
+def hopper_tma_pages(page_size: int) -> bool:
+    """Pages the tensor copy can read a tile from (tma_pages): 16 keys or more, a multiple or a divisor of 64."""
+    return page_size % 16 == 0 and (page_size % HOPPER_KEYS_PER_TILE == 0 or HOPPER_KEYS_PER_TILE % page_size == 0)
+
+
+def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
+    """Whether a call of stage 10 runs the crossed seesaw (hopper_seesaw_kernel, seesaw_layout): where a stream's
+    pairs fill tiles of 64, the pages suit the tensor copy, and the block table's width gives each of the
+    ``splits`` blocks HOPPER_SEE_TILES_PER_BLOCK key tiles or more, in units of 64 pairs (a bound: the host cannot
+    see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same units.)"""
+    units = streams * -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
+    return (hopper_fills_rows(q_len * heads) and hopper_tma_pages(page_size)
+            and units * hopper_table_tiles(max_pages, page_size) >= HOPPER_SEE_TILES_PER_BLOCK * splits)
+
+
+def hopper_units(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> int:
+    """The units of a call of stage 10 (a stream's group of pairs): of up to 80 pairs, or of 64 where the seesaw
+    runs (hopper_seesaw_pays)."""
+    if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+        return streams * -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
+    return streams * hopper_groups(q_len, heads)
+
+
+def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int,
+                    seesaw: bool = True) -> bool:
     """Whether a call of stage 10 copies its key tiles by TMA (hopper_tma_kernel, tma_pays) rather than gathering
     them with cp.async (hopper_kernel): where the pages hold 16 keys or more, a multiple or a divisor of 64, and the
     block table's width (``max_pages`` pages of ``page_size``) lets each of the ``splits`` blocks have
     HOPPER_TMA_TILES_PER_BLOCK key tiles or more to load.  The host cannot see the lengths, so this is a bound.  (The
-    op also gathers where the cache gets no tensor map: a base or a stride not a multiple of 16 bytes.)"""
-    pages = page_size % 16 == 0 and (page_size % HOPPER_KEYS_PER_TILE == 0 or HOPPER_KEYS_PER_TILE % page_size == 0)
+    op also gathers where the cache gets no tensor map: a base or a stride not a multiple of 16 bytes.)  Where the
+    seesaw pays, the op runs it instead; ``seesaw=False`` gives the rule of the build without it (ablation's
+    ``loader_choice``)."""
+    if seesaw and hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+        return False  # the seesaw runs instead
     bound = hopper_tiles_bound(streams, q_len, heads, max_pages, page_size)
-    return pages and bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
+    return hopper_tma_pages(page_size) and bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
 
 
 def hopper_table_tiles(max_pages: int, page_size: int) -> int:
@@ -207,10 +242,13 @@ def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, pag
     return streams * hopper_groups(q_len, heads) * hopper_table_tiles(max_pages, page_size)
 
 
-# The two main kernels, one of which a call launches (hopper_tma_pays says which), and the two merges, one of which
-# it launches (hopper_combine_by_warps says which).
-HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+# The three main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say which), and the
+# two merges, one of which it launches (hopper_combine_by_warps says which).
+HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_combine_kernel",
+                  "hopper_merge_by_warps_kernel")
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
+HOPPER_SEE_TILES_PER_BLOCK = 56  # kSeeTilesPerBlock
+HOPPER_ROWS_PAIRS = 64  # kRowsPairs: a seesaw unit's pairs, on wgmma's M
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups
 HOPPER_PAIRS_PER_BLOCK = 2 * HOPPER_PAIRS_PER_GROUP
@@ -230,6 +268,15 @@ HOPPER_SMEM_BYTES = (HOPPER_RING_CHUNKS * HOPPER_KEYS_PER_TILE * 128            
                      + 4 * (HOPPER_THREADS // 32 + 2)                           # the scheduler's words
                      + 1024)                                                    # alignment
 HOPPER_TMA_SMEM_BYTES = HOPPER_SMEM_BYTES + 2 * 4  # hopper_tma_kernel's: and the TMA loader's two progress counters
+# The seesaw's block (hopper_seesaw_kernel): two compute warpgroups, no loader; two whole key tiles and Q of 64 pairs
+# (9 chunks of 64 x 128 B each); the reference, two factors and two sums a pair, lengths and rows in q; a barrier per
+# chunk of each tile, the bad-page flags, the page ids fetched ahead, the scheduler's words; 1 KB of alignment.
+HOPPER_SEE_THREADS = 256
+HOPPER_SEE_SMEM_BYTES = (3 * (D_QK // 64) * HOPPER_KEYS_PER_TILE * 128
+                         + HOPPER_ROWS_PAIRS * (4 + 2 * 4 + 2 * 4 + 4 + 8)
+                         + 2 * (D_QK // 64) * 8 + 16 + 2 * 4 * 4 * 4
+                         + 4 * (HOPPER_THREADS // 32 + 2)
+                         + 1024)
 
 STAGES: tuple[Stage, ...] = (
     Stage("triton", 0, "Production baseline: vLLM's split-KV MLA decode kernel (Triton)",
@@ -269,7 +316,8 @@ STAGES: tuple[Stage, ...] = (
           kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16, min_cc=80),
     Stage("hopper", 10, "Hopper: wgmma, a warp-specialised pipeline, balanced work", "10_hopper.ipynb",
           "keys as the wgmma M side and up to 80 (row, head) pairs as N; a loader warpgroup feeds two compute "
-          "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler",
+          "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler; long calls "
+          "of 64 pairs or more a stream: 64 pairs as M, two warpgroups in FlashMLA's seesaw, tiles by TMA",
           "cuda", "stage10_hopper.cu", "hopper_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
           splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
           persistent=True),

@@ -57,18 +57,50 @@ def _body(sass_text):
     return [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).strip() for line in sass_text.splitlines()[1:] if line.strip()]
 
 
-def test_the_ops_two_main_kernels_are_the_cp_async_build_and_the_fewer_fences_build():
-    """The op picks its loader per call; each of its two main kernels is, instruction for instruction, a build."""
+def _work_counts(sass_text):
+    """The products, copies, barrier operations and product waits of a kernel's SASS, each counted once."""
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    mix = instruction_mix(sass_text)
+    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG", "WARPGROUP.DEPBAR",
+                                                         "STSM", "BAR")}
+
+
+def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_steps_builds():
+    """The op picks its kernel per call; each of its three main kernels does a build's work, product for product and
+    copy for copy.  (Not instruction for instruction: the op's kernels also work out whether the seesaw pays, which
+    a build without the choice never asks, so that every kernel of a call agrees on its units.)"""
     from mla_lab.chapter_display import kernel_sass
     from mla_lab.resources import compile_cubin
 
     op = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0")
-    assert _body(kernel_sass(op, "hopper_kernel")) == _body(ablation.main_sass(ablation.CP_ASYNC))
-    assert _body(kernel_sass(op, "hopper_tma_kernel")) == _body(ablation.main_sass(ablation.TMA_FEWER_FENCES))
+    for kernel, build in (("hopper_kernel", ablation.CP_ASYNC), ("hopper_tma_kernel", ablation.TMA_FEWER_FENCES),
+                          ("hopper_seesaw_kernel", ablation.SEESAW_CROSS_STEPS)):
+        mine, theirs = kernel_sass(op, kernel), ablation.main_sass(build)
+        assert _work_counts(mine) == _work_counts(theirs), kernel
+        assert _body(mine) != _body(theirs), kernel  # the choice is there
+        assert abs(len(_body(mine)) - len(_body(theirs))) < 0.05 * len(_body(theirs)), kernel
     assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
-    # every build is made without the choice: its one main kernel is compared with the op's cp.async kernel
+    # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
+    # cp.async kernel
     for name in list(ablation.BUILDS) + list(ablation.VARIANTS):
-        assert ablation.build_defines(name)[-1] == ablation.NO_DISPATCH, name
+        if name != ablation.LOADER_CHOICE:
+            assert ablation.build_defines(name)[-1] == ablation.NO_DISPATCH, name
+
+
+def test_the_loader_choice_build_is_the_op_before_the_seesaw():
+    """loader_choice: the op's choice of loader without the seesaw; its two main kernels are, instruction for
+    instruction, the cp_async and the fewer-fences builds' (no seesaw to ask about), and it has no third."""
+    from mla_lab.chapter_display import cubin_sass, kernel_sass
+    from mla_lab.resources import compile_cubin
+
+    defines = ablation.build_defines(ablation.LOADER_CHOICE)
+    assert defines == ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"]
+    cubin = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0", defines, f"-{ablation.LOADER_CHOICE}")
+    assert _body(kernel_sass(cubin, "hopper_kernel")) == _body(ablation.main_sass(ablation.CP_ASYNC))
+    assert _body(kernel_sass(cubin, "hopper_tma_kernel")) == _body(ablation.main_sass(ablation.TMA_FEWER_FENCES))
+    assert "hopper_seesaw_kernel" not in cubin_sass(cubin) and "hopper_seesaw_kernel" in cubin_sass(
+        compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0"))
 
 
 def test_the_fewer_fences_build_is_the_tma_build_with_its_fences_chosen(counts):
@@ -491,12 +523,9 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS]
-
-
-@needs_gpu
-@pytest.mark.gpu
-@sm90_only
-@pytest.mark.parametrize("problem", [
+# Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
+# lengths, and shapes the seesaw leaves to the op's cp.async kernel.
+SEESAW_PROBLEMS = [
     Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64),  # 9 units of 64 pairs a stream
     Problem(streams=2, q_len=16, heads=128, prefix=(0, 700), page_size=16),         # an empty stream; 4 boxes a chunk
     Problem(streams=4, q_len=1, heads=64, prefix=(63, 64, 65, 130), page_size=64),  # one unit, a tile or two
@@ -511,7 +540,13 @@ SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, 
     Problem(streams=2, q_len=4, heads=16, prefix=(700, 33), page_size=1),           # pages of 1: the op's kernel
     # a unit a stream, of lengths mixed so that many blocks end (and start) in a stream's last tiles
     Problem(streams=40, q_len=4, heads=16, prefix=tuple((7919 * i) % 9000 for i in range(40)), page_size=64),
-], ids=lambda p: p.label())
+]
+
+
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem", SEESAW_PROBLEMS, ids=lambda p: p.label())
 @pytest.mark.parametrize("build", SEESAW_BUILDS)
 def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
     from mla_lab.reference import reference_attention
@@ -520,15 +555,60 @@ def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
     _right_on_two_grids(build, w, reference_attention(*w.args(), check=False), few_blocks=3)
 
 
+# The op runs the crossed seesaw where the table's width gives each block 56 tiles of 64-pair units: over the
+# seesaw's shapes with one block per SM (most below that line), with three blocks and with one (all above it, where
+# the pairs fill tiles of 64 and the pages suit the tensor copy), poisoned, and replayed in a graph.
+@needs_gpu
+@pytest.mark.gpu
+@sm90_only
+@pytest.mark.parametrize("problem", SEESAW_PROBLEMS, ids=lambda p: p.label())
+def test_the_op_runs_the_seesaw_where_it_pays_and_is_right(problem):
+    from mla_lab import ops, stages
+    from mla_lab.reference import reference_attention
+    from mla_lab.verify import compare
+
+    w = make_workload(problem, device="cuda", seed=17, poison=True)
+    ref = reference_attention(*w.args(), check=False)
+    kernels = set()
+    for splits in (None, 3, 1):
+        call = ops.runner("hopper", w, num_splits=splits)
+        (main, *_) = stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads,
+                                                   w.block_table.shape[1], problem.page_size, call.num_splits)
+        kernels.add(main.kernel)
+        call()
+        torch.cuda.synchronize()
+        assert compare(call.out, call.lse, *ref).ok, (splits, main.kernel)
+    _right_again_in_a_graph(call, ref)
+    one_block = stages.hopper_seesaw_pays(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
+                                          problem.page_size, 1)
+    assert ("hopper_seesaw_kernel" in kernels) == one_block
+
+
+def test_the_ops_seesaw_problems_reach_the_seesaw():
+    """Most of the seesaw's problems cross the op's line to the seesaw with three blocks or one, and the ones it
+    leaves to the op's other kernels (144 pairs, pages of 1) never do."""
+    from mla_lab import stages
+
+    def reaches(p, splits):
+        return stages.hopper_seesaw_pays(p.streams, p.q_len, p.heads, max(p.pages_per_stream) + 1, p.page_size, splits)
+
+    assert sum(reaches(p, 1) for p in SEESAW_PROBLEMS) >= 9
+    assert sum(reaches(p, 3) for p in SEESAW_PROBLEMS) >= 7
+    assert not any(reaches(p, 1) for p in SEESAW_PROBLEMS if p.q_len * p.heads == 144 or p.page_size == 1)
+
+
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("splits", [None, 2])
-@pytest.mark.parametrize("build", SEESAW_BUILDS)
+@pytest.mark.parametrize("build", SEESAW_BUILDS + [None])  # None: the op, which runs the seesaw here with 2 blocks
 def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, build):
+    from mla_lab import ops
+
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
-    call = ablation.runner(build, w, num_splits=splits)  # the checks run here, on the good table
+    # the checks run here, on the good table
+    call = ops.runner("hopper", w, num_splits=splits) if build is None else ablation.runner(build, w, num_splits=splits)
     w.block_table[0, 5:9] = 1 << 30  # then four used slots of stream 0 go bad, as a graph replay would see them
     w.block_table[2, 3] = -7
     call()

@@ -228,6 +228,10 @@ SHAPES = [
     (8, 9, 64, 256, 16, 132),  # hopper: pages of 16, 31 tiles a block: TMA
     (2, 9, 8, 1, 64, 132),  # hopper: a table of one tile cuts no unit: no merge is launched
     (3, 4, 16, 4, 16, 132),  # hopper: the same with pages of 16
+    (8, 16, 64, 257, 64, 132),  # hopper: 128 units of 64 pairs, 249 tiles a block: the seesaw, merged by warps
+    (1, 9, 64, 1025, 64, 132),  # hopper: the seesaw, 9 units of 64 pairs, merged by the combine
+    (4, 2, 128, 1000, 32, 132),  # hopper: the seesaw from pages of 32, 61 tiles a block
+    (1, 16, 64, 461, 64, 132),  # hopper: 55.9 tiles a block, one short of the seesaw: TMA
 ]
 
 
@@ -235,11 +239,11 @@ SHAPES = [
 def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
-        # Stage 10 has two main kernels and two merge kernels and launches one of each, or no merge where the
+        # Stage 10 has three main kernels and two merge kernels and launches one of each, or no merge where the
         # table holds one tile at most: the others' geometry is a grid of 0 blocks.
         every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
         merges = 0 if st.persistent and mp * ps <= 64 else 1
-        assert sum(c["grid"][0] == 0 for c in every) == (4 - 1 - merges if st.persistent else 0), st.id
+        assert sum(c["grid"][0] == 0 for c in every) == (5 - 1 - merges if st.persistent else 0), st.id
         cpp = [c for c in every if c["grid"][0] > 0]
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
         assert len(cpp) == len(py) == (1 + merges if st.persistent or st.splits else 1), st.id

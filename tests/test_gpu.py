@@ -208,6 +208,9 @@ PADDING_CASES = [
     (Problem(streams=1, q_len=9, heads=8, prefix=16384, page_size=64), 3, 0),     # the aligned cut: one stream
     (Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), 8, 64),     # the aligned cut: equal streams
     (Problem(streams=1, q_len=1, heads=128, prefix=8191, page_size=1), 1, 0),
+    (Problem(streams=2, q_len=16, heads=64, prefix=(20000, 700), page_size=64), 3, 40),  # the seesaw, both
+    # across the seesaw's line (30.5 tiles a block alone, 122 padded): other kernels, other bits, both right
+    (Problem(streams=2, q_len=16, heads=64, prefix=8000, page_size=64), 6, 0),
 ]
 
 
@@ -215,7 +218,9 @@ PADDING_CASES = [
 def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
     """A batch padded to a captured bucket (streams of length 0, a wider block table) gives its streams'
     answers bit for bit: every merge sums in one order, whichever the host picks, and the scheduler's cut
-    counts only the streams with keys."""
+    counts only the streams with keys.  Except where the padding carries the call across the seesaw's line
+    (stages.hopper_seesaw_pays, which counts the streams and the table's width): the seesaw sums each tile in
+    another order than the op's other kernels, so there both answers are right and their bits may differ."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("stage 10 runs on compute capability 9.0 only")
     w = make_workload(problem, device="cuda", seed=77, poison=True)
@@ -229,9 +234,14 @@ def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
     lens_pad = torch.cat([lens, torch.zeros(pad, dtype=lens.dtype, device="cuda")])
     out_pad = q_pad.new_full((*q_pad.shape[:3], 512), float("nan"))  # NaN: an unwritten element fails
     out_pad, lse_pad = ops.attention("hopper", q_pad, kv, bt_pad, lens_pad, num_splits=ns, out=out_pad, check=False)
-    assert torch.equal(out_pad[:B], out) and torch.equal(lse_pad[:B], lse), "padding changed the answers"
     ref_out, ref_lse = reference_attention(*w.args())
     assert compare(out, lse, ref_out, ref_lse, label="hopper").ok
+    seesaw = [stages.hopper_seesaw_pays(b, problem.q_len, problem.heads, width, problem.page_size, ns)
+              for b, width in ((B, bt.shape[1]), (B + pad, bt.shape[1] + wider))]
+    if seesaw[0] == seesaw[1]:
+        assert torch.equal(out_pad[:B], out) and torch.equal(lse_pad[:B], lse), "padding changed the answers"
+    else:
+        assert compare(out_pad[:B], lse_pad[:B], ref_out, ref_lse, label="hopper, padded").ok
 
 
 @pytest.mark.parametrize("problem", [

@@ -364,8 +364,8 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert re.search(r"return combine_slices\(p\.num_splits, shape_of\(p\)\.units, unit_tiles_bound\(p\)\);", src)
     assert re.search(r"return \(\(int64_t\)p\.max_pages \* p\.page_size \+ kKeysPerTile - 1\) / kKeysPerTile;", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
-    assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_combine_kernel",
-                                     "hopper_merge_by_warps_kernel")
+    assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel",
+                                     "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
 
 
 def test_the_loader_rule_matches_the_kernel():
@@ -392,6 +392,39 @@ def test_the_loader_rule_matches_the_kernel():
     assert main.kernel == "hopper_tma_kernel" and main.dynamic_smem_bytes == stages.HOPPER_TMA_SMEM_BYTES
     (main, _) = hop.launches(8, 9, 8, 64, 64, 132)
     assert main.kernel == "hopper_kernel" and main.dynamic_smem_bytes == stages.HOPPER_SMEM_BYTES
+
+
+def test_the_seesaw_rule_matches_the_kernel():
+    """The op runs the crossed seesaw where pairs fill tiles of 64, pages suit TMA and the table's width gives each
+    block kSeeTilesPerBlock tiles of 64-pair units; it is built in the op with its page lookup by steps."""
+    src = stage10_source()
+    assert re.search(rf"constexpr int kSeeTilesPerBlock = {stages.HOPPER_SEE_TILES_PER_BLOCK};", src)
+    assert re.search(r"#define MLA_HOPPER_SEESAW MLA_HOPPER_DISPATCH\n", src)
+    assert re.search(r"#define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH\n", src)
+    assert re.search(r"#define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH ", src)
+    assert re.search(r"const int64_t units = \(int64_t\)p\.batch \* \(\(p\.q_len \* p\.num_heads \+ kRowsPairs - 1\) "
+                     r"/ kRowsPairs\);", src)
+    assert re.search(r"return units \* unit_tiles >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
+    assert re.search(r"fills_rows\(p\.q_len \* p\.num_heads\) && tma_pages\(p\.page_size\) &&\s*"
+                     r"\(!MLA_HOPPER_DISPATCH \|\| seesaw_pays\(p\)\);", src)
+    assert re.search(r"return pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
+                     r"9 \* pairs;", src)
+    pays, tma, hop = stages.hopper_seesaw_pays, stages.hopper_tma_pays, stages.get("hopper")
+    # 16 units of 64 pairs: 462 tiles each give 56 a block exactly over 132 blocks, 461 do not
+    assert pays(1, 16, 64, 462, 64, 132) and not pays(1, 16, 64, 461, 64, 132) and tma(1, 16, 64, 461, 64, 132)
+    assert not tma(1, 16, 64, 462, 64, 132)  # one or the other
+    assert pays(8, 16, 64, 65, 64, 132) and not pays(8, 9, 64, 65, 64, 132)  # 63 and 35.5 tiles a block
+    assert not pays(8, 9, 8, 1025, 64, 132)  # 72 pairs leave 56 of 128 rows empty: never the seesaw
+    assert pays(8, 16, 8, 1025, 64, 132)  # 128 pairs: two whole units a stream
+    assert not pays(8, 16, 64, 1025, 48, 132) and not pays(8, 16, 64, 1025, 8, 132)  # pages TMA cannot read
+    assert pays(8, 16, 64, 4097, 16, 132) and pays(8, 16, 64, 2049, 32, 132) and pays(8, 16, 64, 513, 128, 132)
+    assert not pays(8, 16, 64, 4097, 16, 8448)  # more blocks, fewer tiles each
+    assert stages.hopper_units(8, 16, 64, 65, 64, 132) == 8 * 16 and stages.hopper_units(8, 9, 64, 65, 64, 132) == 64
+    (main, merge) = hop.launches(8, 16, 64, 257, 64, 132)
+    assert (main.kernel, main.block, main.dynamic_smem_bytes) == ("hopper_seesaw_kernel", (256, 1, 1),
+                                                                   stages.HOPPER_SEE_SMEM_BYTES)
+    assert merge.grid[1] == 128  # a row of merge blocks for each of the seesaw's 128 units
+    assert re.search(r"constexpr int kSeeThreads = 256;", src)
 
 
 def test_the_combine_block_rule_matches_the_kernel():
