@@ -178,7 +178,8 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
 
     Everything a call can prepare ahead is prepared here (outputs, the split
     count), so the call itself only launches kernels: no allocation but the
-    split scratch, no host sync.
+    split scratch, no host sync.  ``call.num_splits`` is the split count it
+    launches with (``None`` for a stage without splits).
     """
     st = _as_stage(stage)
     _check_splits(st, num_splits)
@@ -207,6 +208,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
             def call():
                 op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
     call.out, call.lse = out, lse  # type: ignore[attr-defined]
+    call.num_splits = ns if st.kind == "triton" or st.splits else None  # type: ignore[attr-defined]
     return call
 
 
