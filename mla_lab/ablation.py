@@ -186,13 +186,14 @@ BLOCK0_EVENTS = ("past the wait", "cut known", "first page id", "Q landed", "fir
 MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 # The op without its choice of loader (-DMLA_HOPPER_DISPATCH=0): every call gathers its tiles with cp.async, as
 # every other build here does, so that each build is compared with this one rather than with the op, which copies
-# the tiles of long calls by TMA (hopper_tma_kernel).
+# the tiles of long calls by TMA (hopper_tma_kernel) or runs them on the crossed seesaw (hopper_seesaw_kernel).
 CP_ASYNC = "cp_async"
 # The op with its choice of loader and without the seesaw (-DMLA_HOPPER_SEESAW=0): its two main kernels, hopper_kernel
 # and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
 # it also ran the crossed seesaw where that pays.  The one build made with the op's choice.
 LOADER_CHOICE = "loader_choice"
-BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"], TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
+BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"],
+          TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
           SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
@@ -289,9 +290,14 @@ def sass_counts(variant: str | None) -> dict[str, int]:
     ``WAIT``: the waits for products in flight (``WARPGROUP.DEPBAR``).  A
     static count (each instruction once, however often it runs).
     """
+    return work_counts(main_sass(variant))
+
+
+def work_counts(sass_text: str) -> dict[str, int]:
+    """:func:`sass_counts`'s counts of any kernel's SASS (``kernel_sass`` of a cubin, for instance)."""
     from .chapter_display import count_opcodes, instruction_mix
 
-    mix = instruction_mix(main_sass(variant))
+    mix = instruction_mix(sass_text)
     counts = {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
     counts["WAIT"] = count_opcodes(mix, "WARPGROUP.DEPBAR")
     return counts

@@ -600,7 +600,7 @@ def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_lo
     return out, lse, tr
 
 
-SEESAW_PAIRS = 64  # the seesaw build's unit: 64 pairs on wgmma's M
+SEESAW_PAIRS = _stages.HOPPER_ROWS_PAIRS  # the seesaw's unit: 64 pairs on wgmma's M
 
 
 def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):

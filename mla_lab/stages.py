@@ -198,12 +198,17 @@ def hopper_tma_pages(page_size: int) -> bool:
     return page_size % 16 == 0 and (page_size % HOPPER_KEYS_PER_TILE == 0 or HOPPER_KEYS_PER_TILE % page_size == 0)
 
 
+def hopper_seesaw_groups(q_len: int, heads: int) -> int:
+    """The seesaw's pair groups per stream: its (row, head) pairs in units of 64, on wgmma's M."""
+    return -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
+
+
 def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
     """Whether a call of stage 10 runs the crossed seesaw (hopper_seesaw_kernel, seesaw_layout): where a stream's
     pairs fill tiles of 64, the pages suit the tensor copy, and the block table's width gives each of the
     ``splits`` blocks HOPPER_SEE_TILES_PER_BLOCK key tiles or more, in units of 64 pairs (a bound: the host cannot
     see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same units.)"""
-    units = streams * -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
+    units = streams * hopper_seesaw_groups(q_len, heads)
     return (hopper_fills_rows(q_len * heads) and hopper_tma_pages(page_size)
             and units * hopper_table_tiles(max_pages, page_size) >= HOPPER_SEE_TILES_PER_BLOCK * splits)
 
@@ -212,7 +217,7 @@ def hopper_units(streams: int, q_len: int, heads: int, max_pages: int, page_size
     """The units of a call of stage 10 (a stream's group of pairs): of up to 80 pairs, or of 64 where the seesaw
     runs (hopper_seesaw_pays)."""
     if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
-        return streams * -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
+        return streams * hopper_seesaw_groups(q_len, heads)
     return streams * hopper_groups(q_len, heads)
 
 

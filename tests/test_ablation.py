@@ -58,12 +58,11 @@ def _body(sass_text):
 
 
 def _work_counts(sass_text):
-    """The products, copies, barrier operations and product waits of a kernel's SASS, each counted once."""
+    """sass_counts' counts of a kernel's SASS, and its stmatrix stores and named-barrier operations."""
     from mla_lab.chapter_display import count_opcodes, instruction_mix
 
     mix = instruction_mix(sass_text)
-    return {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG", "WARPGROUP.DEPBAR",
-                                                         "STSM", "BAR")}
+    return dict(ablation.work_counts(sass_text), STSM=count_opcodes(mix, "STSM"), BAR=count_opcodes(mix, "BAR"))
 
 
 def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_steps_builds():
