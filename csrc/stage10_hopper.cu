@@ -392,25 +392,32 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 // each of 11 shapes with 64 to 995 tiles a block, and 0.80 to 1.27 of it at 21
 // with fewer than 48.
 constexpr int kSeeTilesPerBlock = 56;
+// The most tiles a unit can have: the block table's width (the lengths live on the GPU).
+__host__ __device__ inline int64_t unit_tiles_bound(const MlaParams& p) {
+  return ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
+}
 __host__ __device__ inline bool seesaw_pays(const MlaParams& p) {
   const int64_t units = (int64_t)p.batch * ((p.q_len * p.num_heads + kRowsPairs - 1) / kRowsPairs);
-  const int64_t unit_tiles = ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-  return units * unit_tiles >= (int64_t)kSeeTilesPerBlock * p.num_splits;
+  return units * unit_tiles_bound(p) >= (int64_t)kSeeTilesPerBlock * p.num_splits;
 }
 __host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
   return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size) &&
          (!MLA_HOPPER_DISPATCH || seesaw_pays(p));
 }
 
-__host__ __device__ inline Shape shape_of(const MlaParams& p) {
+// A call's shape where its layout is known: `rows`, in units of 64 pairs.
+__host__ __device__ inline Shape shape_in(const MlaParams& p, bool rows) {
   Shape s;
   s.pairs = p.q_len * p.num_heads;
-  s.rows = rows_layout(s.pairs) || seesaw_layout(p);
+  s.rows = rows;
   const int per_block = s.rows ? kRowsPairs : kPairsPerBlock;
   s.groups = (s.pairs + per_block - 1) / per_block;
   s.per_group = (s.pairs + s.groups - 1) / s.groups;  // balanced groups, each <= 80 pairs
   s.units = p.batch * s.groups;
   return s;
+}
+__host__ __device__ inline Shape shape_of(const MlaParams& p) {
+  return shape_in(p, rows_layout(p.q_len * p.num_heads) || seesaw_layout(p));
 }
 
 // The tiles of all units are numbered in order (unit-major); block c of the
@@ -1812,6 +1819,24 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_PAGE_STEPS
 #define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH  // the op's seesaw: by steps
 #endif
+// A tile's pages from the block-table entries of its first `boxes` boxes
+// (`entries`: the table's, or the copies of them in the ring): a box holds
+// keys of the stream or is not copied, and a page outside the pool stands as 0.
+__device__ __forceinline__ void read_boxes(const MlaParams& p, int boxes, int key0, int kv_len, int box_keys,
+                                           const int* entries, TilePages& t) {
+  t.boxes = 0;
+  t.bad = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool used = i < boxes && key0 + i * box_keys < kv_len;
+    const int pg = used ? entries[i] : 0;
+    const bool outside = used && (pg < 0 || pg >= p.num_pages);
+    t.bad |= outside;
+    t.page[i] = outside ? 0 : pg;
+    t.boxes += used;
+  }
+}
+
 #if MLA_HOPPER_PAGE_STEPS
 // The block-table entry of a tile's first box, and the tile's first key within its page.
 __device__ __forceinline__ int tile_entry(const PageSteps& s, int tile, int& in_page) {
@@ -1825,17 +1850,7 @@ __device__ __forceinline__ TilePages tile_pages(const MlaParams& p, const PageSt
   TilePages t;
   const int key0 = tile * kKeysPerTile;
   const int entry = tile_entry(s, tile, t.in_page);
-  t.boxes = 0;
-  t.bad = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
-    const int pg = used ? table[entry + i] : 0;
-    const bool outside = used && (pg < 0 || pg >= p.num_pages);
-    t.bad |= outside;
-    t.page[i] = outside ? 0 : pg;
-    t.boxes += used;
-  }
+  read_boxes(p, s.boxes, key0, kv_len, box_keys, table + entry, t);
   return t;
 }
 __device__ __forceinline__ void fetch_pages(const MlaParams&, const PageSteps& s, const int* table, int kv_len,
@@ -1853,18 +1868,7 @@ __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSt
   TilePages t;
   const int key0 = tile * kKeysPerTile;
   tile_entry(s, tile, t.in_page);
-  const int* slot = ring + 4 * (tile & 3);
-  t.boxes = 0;
-  t.bad = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool used = i < s.boxes && key0 + i * box_keys < kv_len;
-    const int pg = used ? slot[i] : 0;
-    const bool outside = used && (pg < 0 || pg >= p.num_pages);
-    t.bad |= outside;
-    t.page[i] = outside ? 0 : pg;
-    t.boxes += used;
-  }
+  read_boxes(p, s.boxes, key0, kv_len, box_keys, ring + 4 * (tile & 3), t);
   return t;
 }
 #else  // as first written
@@ -1897,23 +1901,12 @@ __device__ __forceinline__ void fetch_pages(const MlaParams& p, const PageSteps&
     if (i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len)
       cp_async4(smem_addr(slot + i), table + (key0 + i * box_keys) / p.page_size);
 }
-__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps&, int kv_len, int tile,
+__device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSteps& s, int kv_len, int tile,
                                                 int box_keys, const int* ring) {
   TilePages t;
   const int key0 = tile * kKeysPerTile;
-  const int* slot = ring + 4 * (tile & 3);
   t.in_page = box_keys == kKeysPerTile ? key0 % p.page_size : 0;
-  t.boxes = 0;
-  t.bad = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool used = i * box_keys < kKeysPerTile && key0 + i * box_keys < kv_len;
-    const int pg = used ? slot[i] : 0;
-    const bool outside = used && (pg < 0 || pg >= p.num_pages);
-    t.bad |= outside;
-    t.page[i] = outside ? 0 : pg;
-    t.boxes += used;
-  }
+  read_boxes(p, s.boxes, key0, kv_len, box_keys, ring + 4 * (tile & 3), t);  // s.boxes: 64 / box_keys
   return t;
 }
 #endif  // MLA_HOPPER_PAGE_STEPS
@@ -2588,7 +2581,11 @@ __global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const Mla
     fence_proxy_async();  // the barriers' initial state, visible to the copies that complete on them
   }
   wait_for_previous_grid();  // (launched early behind the stream's previous kernel: see hopper_main)
-  const Shape sh = shape_of(p);
+  // Launched only where seesaw_layout holds, so its shape is known and the
+  // rule is not asked again here: the op's kernel is then the build's, the
+  // same instructions (as first written it asked, and ptxas scheduled the rest
+  // of the kernel a little differently from the build's, see chapter 10).
+  const Shape sh = shape_in(p, true);
   Cursor cur;
   int C;
   plan_share<kSeeThreads>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
@@ -2972,10 +2969,6 @@ cudaError_t launch(void (*kernel)(Args...), const LaunchGeometry& g, cudaStream_
 // 1.05 of it at one or two.)  The host also needs a tensor map of the cache
 // (kv_tensor), which an unaligned cache does not get.
 constexpr int kTmaTilesPerBlock = 12;
-// The most tiles a unit can have: the block table's width (the lengths live on the GPU).
-int64_t unit_tiles_bound(const MlaParams& p) {
-  return ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
-}
 bool tma_pays(const MlaParams& p) {
   const Shape sh = shape_of(p);
   const int64_t tiles_bound = (int64_t)sh.units * unit_tiles_bound(p);
