@@ -404,7 +404,12 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert re.search(r"#define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH ", src)
     assert re.search(r"const int64_t units = \(int64_t\)p\.batch \* \(\(p\.q_len \* p\.num_heads \+ kRowsPairs - 1\) "
                      r"/ kRowsPairs\);", src)
-    assert re.search(r"return units \* unit_tiles >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
+    assert re.search(r"return units \* unit_tiles_bound\(p\) >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
+    # a unit's tiles: the table's width in 64-key tiles (stages.hopper_table_tiles)
+    assert re.search(r"unit_tiles_bound\(const MlaParams& p\) \{\n  return \(\(int64_t\)p\.max_pages \* p\.page_size \+ "
+                     r"kKeysPerTile - 1\) / kKeysPerTile;", src)
+    # the seesaw kernel is launched only where the rule holds and takes its shape as known
+    assert re.search(r"const Shape sh = shape_in\(p, true\);", src)
     assert re.search(r"fills_rows\(p\.q_len \* p\.num_heads\) && tma_pages\(p\.page_size\) &&\s*"
                      r"\(!MLA_HOPPER_DISPATCH \|\| seesaw_pays\(p\)\);", src)
     assert re.search(r"return pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
