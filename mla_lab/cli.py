@@ -259,6 +259,8 @@ def _profile_target_args(ap):
     ap.add_argument("--build", default=None, metavar="NAME",
                     help="hopper only: one of stage 10's ablation variants or builds (mla_lab/ablation.py), "
                          "e.g. no_math or tma_no_math, instead of the op")
+    ap.add_argument("--peer", default=None, choices=("flashmla",),
+                    help="call that library on the same workload instead (FlashMLA: pages of 64), to profile beside")
 
 
 def _profile_target(args, argv) -> int:
@@ -267,7 +269,7 @@ def _profile_target(args, argv) -> int:
 
     p = Problem(streams=args.streams, q_len=args.q_len, heads=args.heads, prefix=args.prefix,
                 page_size=args.page_size, scattered=not args.contiguous)
-    profile_target(args.stage, p, num_splits=args.splits, calls=args.calls, build=args.build)
+    profile_target(args.stage, p, num_splits=args.splits, calls=args.calls, build=args.build, peer=args.peer)
     return 0
 
 
@@ -336,7 +338,8 @@ COMMANDS: tuple[Command, ...] = (
             "examples:\n  mla-lab profile-target tensor_core 1 9 64 16384\n"
             "  ncu -k regex:tensor_core --launch-skip 2 --launch-count 1 --section SpeedOfLight \\\n"
             "      mla-lab profile-target tensor_core 1 9 64 16384\n"
-            "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --build tma_no_math",
+            "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --build tma_no_math\n"
+            "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --peer flashmla",
             _profile_target_args, _profile_target),
     Command("check", "how far to trust the kernels: sanitizers, fuzzing, graph soak, two streams, bad inputs",
             lambda: _check_module().DESCRIPTION, lambda: _check_module().EXAMPLES,

@@ -113,22 +113,37 @@ def kernel_times(stage_ids, problems, *, calls: int = 20, out=print) -> list[dic
     return rows
 
 
+PROFILE_PEERS = ("flashmla",)
+
+
 def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = None, calls: int = 3,
-                   build: str | None = None) -> None:
+                   build: str | None = None, peer: str | None = None) -> None:
     """``calls`` calls of one stage on one problem, then a sync: what a profiler should see, and nothing else.
 
     ``build`` names one of stage 10's ablation variants or builds (``mla_lab/ablation.py``) to call
-    instead of the op; only for ``hopper``.
+    instead of the op; only for ``hopper``.  ``peer`` (``flashmla``) calls that library on the same
+    workload instead, as ``mla-lab bench --peers`` times it, so that a profile can set it beside ours.
     """
     from . import ablation, ops
 
+    if build is not None and peer is not None:
+        raise ValueError("profile-target takes --build or --peer, not both")
     if build is not None:
         if stage_id != "hopper":
             raise ValueError(f"--build is for stage 10 (hopper) only, not {stage_id!r}")
         ablation.build_defines(build)  # an unknown name is refused before any GPU work
+    if peer is not None:
+        if peer not in PROFILE_PEERS:
+            raise ValueError(f"no peer {peer!r}; the peers are {', '.join(PROFILE_PEERS)}")
+        if problem.page_size != 64:
+            raise ValueError(f"FlashMLA needs pages of 64 tokens (--page-size 64), not {problem.page_size}")
     _require_gpu("profile-target")
     w = make_workload(problem, device="cuda", seed=1)
-    if build is None:
+    if peer is not None:
+        call = ablation.flashmla_runner(w)
+        if call is None:
+            raise RuntimeError("FlashMLA is not importable here (flash_mla)")
+    elif build is None:
         call = ops.runner(stage_id, w, num_splits=num_splits)
     else:
         call = ablation.runner(build, w, num_splits=num_splits)

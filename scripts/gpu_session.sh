@@ -22,6 +22,9 @@
 #             results/profiles/.  Stage 10's loaders alone, for example:
 #               PROFILE="hopper 8 9 64 16384 --page-size 64 --build tma_no_math" PROFILE_KERNEL=hopper_kernel \
 #               PROFILE_NAME=loader-tma-no_math bash scripts/gpu_session.sh profile
+#             The report also holds the warps' stall samples by reason (smsp__pcsamp_warps_issue_stalled_*).
+#             FlashMLA on the same workload: PROFILE="hopper 8 9 64 16384 --page-size 64 --peer flashmla"
+#             PROFILE_KERNEL=flash_fwd_splitkv_mla PROFILE_NAME=flashmla
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
 #   nbval     the chapters against their stored outputs
 #   chapters  execute, then nbval
@@ -99,6 +102,7 @@ for s in "${steps[@]}"; do
       ncu --clock-control none --target-processes all -k "regex:${PROFILE_KERNEL:-$pstage}" --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section SchedulerStats --section WarpStateStats --section Occupancy \
+          --metrics "regex:^smsp__pcsamp_warps_issue_stalled_[a-z_]+$" \
           $MLA profile-target "$pstage" "$pB" "$pT" "$pH" "$pprefix" --calls 3 $pextra 2>&1 | grep -v '^==PROF==' > "$report"
       grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" "$report" ;;
     *) echo "unknown step $s (the steps are listed at the top of scripts/gpu_session.sh)" ;;

@@ -328,6 +328,18 @@ def test_profile_target_takes_a_build_for_hopper_only():
         profile_target("hopper", p, build="no_softmax")
 
 
+def test_profile_target_checks_its_peer_before_any_gpu_work():
+    from mla_lab.explore import profile_target
+
+    p64 = Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64)
+    with pytest.raises(ValueError, match="not both"):
+        profile_target("hopper", p64, build="no_math", peer="flashmla")
+    with pytest.raises(ValueError, match="no peer 'flashinfer'"):
+        profile_target("hopper", p64, peer="flashinfer")
+    with pytest.raises(ValueError, match="pages of 64"):
+        profile_target("hopper", Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=16), peer="flashmla")
+
+
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="no_copies, no_math, neither"):
         ablation.build_defines("no_softmax")
