@@ -373,11 +373,13 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 // it as "seesaw"; the op builds it with its choice, MLA_HOPPER_DISPATCH), in
 // units of 64 pairs: where a stream's pairs fill tiles of 64 on wgmma's M and
 // the tensor copy can read tiles from its pages, and, in the op, where it
-// pays.  The host and every kernel of a call decide it alike, from the call's
-// shape.  (A cache the tensor copy cannot read after all, a base or a stride
-// not a multiple of 16 bytes, is gathered by hopper_kernel in the same units of
-// 64 pairs, 40 and 24 to its warpgroups.)  Every other call runs as in the
-// build without it.
+// pays.  The host decides it, and the other kernels of a call (the merges,
+// hopper_kernel where it stands in) work it out alike from the call's shape;
+// the seesaw kernel is launched only where it holds, and knows its shape
+// without asking (shape_in(p, true)).  (A cache the tensor copy cannot read
+// after all, a base or a stride not a multiple of 16 bytes, is gathered by
+// hopper_kernel in the same units of 64 pairs, 40 and 24 to its warpgroups.)
+// Every other call runs as in the build without it.
 #ifndef MLA_HOPPER_SEESAW
 #define MLA_HOPPER_SEESAW MLA_HOPPER_DISPATCH
 #endif
@@ -1819,6 +1821,20 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_PAGE_STEPS
 #define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH  // the op's seesaw: by steps
 #endif
+// Copies behind the products (build seesaw_cross_behind; the op's seesaw has
+// them; crossed order only).  A copier is one lane of its warpgroup's first
+// warp, and a product is issued by all four warps together: while the copier
+// asks for a tile's chunks, the other three warps wait at the next wgmma.  As
+// first written (builds seesaw_cross_steps and before), warpgroup 1 asked for
+// the next A's last five chunks just before P_B V_B, and warpgroup 0 for the
+// next B's first chunks between two halves of the next A's scores.  With
+// MLA_HOPPER_COPY_BEHIND = 1 both are asked for right after those products
+// are issued, while the tensor cores run them.  (Between a product and its
+// wait the copies must not sit across a branch: ptxas then serialises every
+// wgmma of the kernel.)
+#ifndef MLA_HOPPER_COPY_BEHIND
+#define MLA_HOPPER_COPY_BEHIND MLA_HOPPER_DISPATCH
+#endif
 // A tile's pages from the block-table entries of its first `boxes` boxes
 // (`entries`: the table's, or the copies of them in the ring): a box holds
 // keys of the stream or is not copied, and a page outside the pool stands as 0.
@@ -2153,14 +2169,23 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
         if (has_b) pv_smem(o, k1_s + (kChunks - 1) * kChunkBytes, v1_desc);
         if (has_a2) {
+          auto copy_next_b = [&] {
+            if (copier && has_b2) {
+              const TilePages nb = pages_of(tile + 3);
+              for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+              copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+            }
+          };
           scores(sc, k0_desc, bars, 0, 4, true);
-          wgmma_wait<1>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
-          if (copier && has_b2) {
-            const TilePages nb = pages_of(tile + 3);
-            for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
-            copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
-          }
+#if MLA_HOPPER_COPY_BEHIND
           scores(sc, k0_desc, bars, 4, 5, false);
+          wgmma_wait<2>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
+          copy_next_b();    // while the scores run
+#else
+          wgmma_wait<1>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
+          copy_next_b();
+          scores(sc, k0_desc, bars, 4, 5, false);
+#endif
           SEE_STAMP(4);
           wgmma_wait<0>();
           fence_accumulators(sc);
@@ -2211,13 +2236,21 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #pragma unroll
         for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
         SEE_STAMP(3);
-        if (copier && has_a2) {
-          const TilePages na = pages_of(tile + 2);
-          for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
-        }
+        auto copy_next_a = [&] {
+          if (copier && has_a2) {
+            const TilePages na = pages_of(tile + 2);
+            for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          }
+        };
+#if !MLA_HOPPER_COPY_BEHIND
+        copy_next_a();
+#endif
         if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
         if (has_b) {
           pv_regs(o, pk, v1_desc);
+#if MLA_HOPPER_COPY_BEHIND
+          copy_next_a();  // while the products run (with no B there is no next A)
+#endif
           wgmma_wait<0>();  // B's products are done: its chunks 4..7 are free
 #pragma unroll
           for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);

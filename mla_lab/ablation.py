@@ -159,6 +159,10 @@ SEESAW_CROSS_TIMELINE = "seesaw_cross_timeline"
 SEESAW_STEPS = "seesaw_steps"
 SEESAW_CROSS_STEPS = "seesaw_cross_steps"
 SEESAW_CROSS_STEPS_TIMELINE = "seesaw_cross_steps_timeline"
+# The crossed order with steps and each warpgroup's copies asked for behind products it has issued
+# (-DMLA_HOPPER_COPY_BEHIND=1), not in their way, and its timeline.
+SEESAW_CROSS_BEHIND = "seesaw_cross_behind"
+SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -203,6 +207,11 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
           SEESAW_CROSS_STEPS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
                                         "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS_BEHIND: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1",
+                                "-DMLA_HOPPER_COPY_BEHIND=1"],
+          SEESAW_CROSS_BEHIND_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
+                                         "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BEHIND=1",
+                                         "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -221,7 +230,7 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
 STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE,
-            SEESAW_CROSS_STEPS_TIMELINE)
+            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")

@@ -65,9 +65,10 @@ def _work_counts(sass_text):
     return dict(ablation.work_counts(sass_text), STSM=count_opcodes(mix, "STSM"), BAR=count_opcodes(mix, "BAR"))
 
 
-def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_steps_builds():
+def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_behind_builds():
     """The op picks its kernel per call; each of its three main kernels does a build's work, product for product and
-    copy for copy.  The seesaw kernel is the crossed-steps build's instruction for instruction: it is launched only
+    copy for copy.  The seesaw kernel is the crossed build's with steps and its copies behind the products,
+    instruction for instruction: it is launched only
     where the seesaw runs, so it never asks the rule.  The other two are not: they also work out whether the seesaw
     pays (the cp.async kernel stands in for it where the cache gets no tensor map), which a build without the choice
     never asks, so that every kernel of a call agrees on its units."""
@@ -81,8 +82,8 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_cr
         assert _body(mine) != _body(theirs), kernel  # the choice is there
         assert abs(len(_body(mine)) - len(_body(theirs))) < 0.05 * len(_body(theirs)), kernel
     seesaw = _body(kernel_sass(op, "hopper_seesaw_kernel"))
-    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))
-    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS))  # and the comparison can tell builds apart
+    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_BEHIND))
+    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))  # and the comparison can tell builds apart
     assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
     # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
     # cp.async kernel
@@ -251,6 +252,29 @@ def test_the_page_steps_builds_change_only_how_a_tile_finds_its_pages(steps, div
     tl = ablation.sass_counts(ablation.SEESAW_CROSS_STEPS_TIMELINE)
     cross = ablation.sass_counts(ablation.SEESAW_CROSS_STEPS)
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (cross["HGMMA"], cross["UTMALDG"], cross["WAIT"])
+
+
+def test_the_behind_build_moves_only_where_the_copies_are_asked_for():
+    """seesaw_cross_behind: the crossed order with steps, each warpgroup's copies asked for behind products it has
+    issued.  The same products, copies and waits as seesaw_cross_steps, in another order (one wait now lets two
+    groups of products run on, not one), and not serialised (a wait for each product would show as many waits as
+    products: ptxas does that where the copies sit between a product and its wait across a branch); and its
+    timeline build likewise."""
+    behind, steps = ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_STEPS
+    assert ablation.main_kernel(behind) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(behind)) == set(ablation.build_defines(steps)) | {"-DMLA_HOPPER_COPY_BEHIND=1"}
+    assert ablation.hgmma_shapes(behind) == ablation.hgmma_shapes(steps)
+    b, c = ablation.sass_counts(behind), ablation.sass_counts(steps)
+    assert (b["HGMMA"], b["UTMALDG"], b["WAIT"]) == (c["HGMMA"], c["UTMALDG"], c["WAIT"])
+    assert _body(ablation.main_sass(behind)) != _body(ablation.main_sass(steps))
+    import re
+
+    waits = lambda sass: sorted(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass))
+    assert waits(ablation.main_sass(behind)).count("0x2") == waits(ablation.main_sass(steps)).count("0x2") + 1
+    assert b["WAIT"] < b["HGMMA"] / 10
+    assert ablation.SEESAW_CROSS_BEHIND_TIMELINE in ablation.STAMPING and behind not in ablation.STAMPING
+    tl = ablation.sass_counts(ablation.SEESAW_CROSS_BEHIND_TIMELINE)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
 
 
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
@@ -537,7 +561,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
-SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS]
+SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
+                 ablation.SEESAW_CROSS_BEHIND]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [
@@ -636,7 +661,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, b
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE,
-                                   ablation.SEESAW_CROSS_STEPS_TIMELINE])
+                                   ablation.SEESAW_CROSS_STEPS_TIMELINE, ablation.SEESAW_CROSS_BEHIND_TIMELINE])
 def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
