@@ -1821,19 +1821,20 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_PAGE_STEPS
 #define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH  // the op's seesaw: by steps
 #endif
-// Copies behind the products (build seesaw_cross_behind; the op's seesaw has
-// them; crossed order only).  A copier is one lane of its warpgroup's first
-// warp, and a product is issued by all four warps together: while the copier
-// asks for a tile's chunks, the other three warps wait at the next wgmma.  As
-// first written (builds seesaw_cross_steps and before), warpgroup 1 asked for
-// the next A's last five chunks just before P_B V_B, and warpgroup 0 for the
-// next B's first chunks between two halves of the next A's scores.  With
-// MLA_HOPPER_COPY_BEHIND = 1 both are asked for right after those products
-// are issued, while the tensor cores run them.  (Between a product and its
-// wait the copies must not sit across a branch: ptxas then serialises every
-// wgmma of the kernel.)
+// Copies behind the products (build seesaw_cross_behind, for chapter 10; the
+// op is always built with 0; crossed order only).  A copier is one lane of its
+// warpgroup's first warp, and a product is issued by all four warps together:
+// while the copier asks for a tile's chunks, the other three warps wait at the
+// next wgmma.  Warpgroup 1 asks for the next A's last five chunks just before
+// P_B V_B, and warpgroup 0 for the next B's first chunks between two halves of
+// the next A's scores.  With MLA_HOPPER_COPY_BEHIND = 1 both are asked for
+// right after those products are issued.  The warps then wait less at the
+// products, but the chunks land later and their readers wait for them: the
+// call was slower (chapter 10 measures it).  (Between a product and its wait
+// the copies must not sit across a branch: ptxas then serialises every wgmma
+// of the kernel.)
 #ifndef MLA_HOPPER_COPY_BEHIND
-#define MLA_HOPPER_COPY_BEHIND MLA_HOPPER_DISPATCH
+#define MLA_HOPPER_COPY_BEHIND 0
 #endif
 // A tile's pages from the block-table entries of its first `boxes` boxes
 // (`entries`: the table's, or the copies of them in the ring): a box holds

@@ -257,7 +257,8 @@ def read_profile(pattern: str, kernel: str) -> Profile | None:
         return None
     parts, name, lines = {}, None, []
     for line in found[0].read_text().splitlines() + ["  end() (1, 1, 1)x(1, 1, 1)"]:
-        head = re.search(r"(\w+)\([^()]*\) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line)  # a kernel's header
+        # a kernel's header: its name, template arguments if any (FlashMLA's), parameters, grid and block
+        head = re.search(r"(\w+)(?:<.*>)?\([^()]*\) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line)
         if head:
             if name:
                 parts[name] = lines

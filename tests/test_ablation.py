@@ -65,10 +65,9 @@ def _work_counts(sass_text):
     return dict(ablation.work_counts(sass_text), STSM=count_opcodes(mix, "STSM"), BAR=count_opcodes(mix, "BAR"))
 
 
-def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_behind_builds():
+def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_steps_builds():
     """The op picks its kernel per call; each of its three main kernels does a build's work, product for product and
-    copy for copy.  The seesaw kernel is the crossed build's with steps and its copies behind the products,
-    instruction for instruction: it is launched only
+    copy for copy.  The seesaw kernel is the crossed-steps build's instruction for instruction: it is launched only
     where the seesaw runs, so it never asks the rule.  The other two are not: they also work out whether the seesaw
     pays (the cp.async kernel stands in for it where the cache gets no tensor map), which a build without the choice
     never asks, so that every kernel of a call agrees on its units."""
@@ -82,8 +81,8 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_cr
         assert _body(mine) != _body(theirs), kernel  # the choice is there
         assert abs(len(_body(mine)) - len(_body(theirs))) < 0.05 * len(_body(theirs)), kernel
     seesaw = _body(kernel_sass(op, "hopper_seesaw_kernel"))
-    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_BEHIND))
-    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))  # and the comparison can tell builds apart
+    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))
+    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS))  # and the comparison can tell builds apart
     assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
     # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
     # cp.async kernel

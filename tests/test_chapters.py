@@ -246,6 +246,12 @@ def test_read_profile(tmp_path, monkeypatch):
     assert p.stalls == [("waiting for a barrier to be released", 39.6)]
     assert ch.read_profile("*stage-B1*", "plan_kernel").metrics == {"Compute (SM) Throughput": 1.5}
     assert ch.read_profile("*stage-B1*", "combine_kernel") is None and ch.read_profile("*nothing*", "x") is None
+    # a templated kernel (FlashMLA's) is found by its name
+    (tmp_path / "gpu-peer-B1.txt").write_text(
+        "  void flash_fwd_kernel<Traits<cutlass::bfloat16_t>, TmaParams<cute::tuple<int, int>>>(Params, T2) "
+        "(9, 1, 14)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+        "    Elapsed Cycles                cycle      421,360\n")
+    assert ch.read_profile("*peer-B1*", "flash_fwd_kernel").metrics == {"Elapsed Cycles": 421360}
 
 
 def test_kept_measurement(tmp_path, monkeypatch):
