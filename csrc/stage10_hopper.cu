@@ -294,6 +294,10 @@ __host__ __device__ constexpr int dims_of(int position) { return position == 0 ?
 struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
   CUtensorMap map;
   int box_keys;
+#if MLA_HOPPER_COPY_BOXES
+  int chunk_boxes;    // map4 holds: four chunks of a tile in one copy
+  CUtensorMap map4;   // (64 dims, the page's keys, the 9 chunks, pages), boxes of 4 chunks of 64 keys
+#endif
 };
 
 // The plan block 0 writes for the combine (int32 words of p.plan):
@@ -1836,6 +1840,22 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_COPY_BEHIND
 #define MLA_HOPPER_COPY_BEHIND 0
 #endif
+// Four chunks in one copy (build seesaw_cross_boxes, for chapter 10; the op is
+// always built with 0; crossed order only).  The copier's lane arms a chunk's
+// barrier and issues its tensor copy, a few dozen instructions, for each of
+// the 18 chunks of a pair of tiles, while the three other warps of its
+// warpgroup wait at the next wgmma.  With MLA_HOPPER_COPY_BOXES = 1 the chunks
+// go in groups, 0..3, 4..7 and 8, each counted on its first chunk's barrier;
+// where a tile is one page's 64 keys (pages of 64 keys or more), a group of four
+// is one copy of a four-dimensional box (a second tensor map: the chunks are
+// its third dimension, 128 bytes apart), else its chunks' copies as before.
+// Six arms and six copies a pair, not 18 of each; a chunk's readers wait for
+// its group.
+#ifndef MLA_HOPPER_COPY_BOXES
+#define MLA_HOPPER_COPY_BOXES 0
+#endif
+static_assert(!MLA_HOPPER_COPY_BOXES || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS),
+              "the groups of chunks are the crossed seesaw's");
 // A tile's pages from the block-table entries of its first `boxes` boxes
 // (`entries`: the table's, or the copies of them in the ring): a box holds
 // keys of the stream or is not copied, and a page outside the pool stands as 0.
@@ -1940,6 +1960,35 @@ __device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, 
   if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
 }
 
+// The barrier that counts chunk j of a tile: its own, or its group's first.
+__device__ __forceinline__ constexpr int chunk_bar(int j) {
+  return MLA_HOPPER_COPY_BOXES ? (j < 4 ? 0 : j < 8 ? 4 : 8) : j;
+}
+// Chunks j0 .. j0 + n - 1 of a tile into `tile_s`, counted on tile_bars (n = 4
+// from chunk 0 or 4, or 1: chunk 8, the groups of chunk_bar).
+__device__ __forceinline__ void copy_chunks(const KvTensor& kv, uint32_t tile_s, uint64_t* tile_bars,
+                                            const TilePages& t, int j0, int n) {
+#if MLA_HOPPER_COPY_BOXES
+  if (n == 4 && kv.chunk_boxes) {
+    mbar_arrive_expect_tx(&tile_bars[j0], 4 * kChunkBytes);
+    tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], &tile_bars[j0]);
+    return;
+  }
+  const int box_keys = kv.box_keys;
+  uint64_t* bar = &tile_bars[j0];
+  mbar_arrive_expect_tx(bar, n * t.boxes * box_keys * 128);
+  for (int j = j0; j < j0 + n; ++j) {
+    const uint32_t dst = tile_s + j * kChunkBytes;
+    tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
+    if (t.boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[1], bar);
+    if (t.boxes > 2) tma_load_3d(dst + 2 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[2], bar);
+    if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
+  }
+#else
+  for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
+#endif
+}
+
 constexpr int kBarScaleA = 1, kBarScaleB = 2, kBarPA = 3, kBarPB = 4;  // the seesaw's handshakes (256 threads)
 constexpr int kBarSeeBoth = 5, kBarSeeOwn = 6;                         // both warpgroups; one (6 + warpgroup)
 
@@ -1993,7 +2042,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #pragma unroll
     for (int i = 0; i < n; ++i) {
       const int j = (start + i) % kChunks;
-      mbar_wait(&tile_bars[j], phase);
+      mbar_wait(&tile_bars[chunk_bar(j)], phase);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_m64n64k16_ss<0>(sc, q_desc + ((j * kRowsPairs * 128 + 32 * ks) >> 4),
@@ -2049,11 +2098,19 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     // barrier of both warpgroups after their last waits.)
     if (threadIdx.x == 0) {
       const TilePages ta = tile_pages(p, steps, table, kv_len, t0, kv.box_keys);
+#if MLA_HOPPER_COPY_BOXES
+      for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, k0_s, bars, ta, j0, j0 < 8 ? 4 : 1);
+#else
       for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], ta, j);
+#endif
       int bad = ta.bad;
       if (t0 + 1 < t1) {
         const TilePages tb = tile_pages(p, steps, table, kv_len, t0 + 1, kv.box_keys);
+#if MLA_HOPPER_COPY_BOXES
+        for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, k1_s, bars + kChunks, tb, j0, j0 < 8 ? 4 : 1);
+#else
         for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], tb, j);
+#endif
         bad |= tb.bad;
       }
       *bad_flag = bad;  // (the flag of the unit before last: read before this unit's first barrier)
@@ -2157,7 +2214,11 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         // A's chunks 0..3: read by its scores and by these products, both done.
         if (copier && has_a2) {
           const TilePages na = pages_of(tile + 2);
+#if MLA_HOPPER_COPY_BOXES
+          copy_chunks(kv, k0_s, bars, na, 0, 4);
+#else
           for (int j = 0; j < 4; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+#endif
           bad_pages |= na.bad;
         }
         named_barrier(kBarPB, kSeeThreads);  // P_B is in B's RoPE chunk, B's reference is known
@@ -2173,8 +2234,13 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           auto copy_next_b = [&] {
             if (copier && has_b2) {
               const TilePages nb = pages_of(tile + 3);
+#if MLA_HOPPER_COPY_BOXES
+              copy_chunks(kv, k1_s, bars + kChunks, nb, 0, 4);
+              copy_chunks(kv, k1_s, bars + kChunks, nb, 8, 1);
+#else
               for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
               copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+#endif
             }
           };
           scores(sc, k0_desc, bars, 0, 4, true);
@@ -2240,7 +2306,12 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         auto copy_next_a = [&] {
           if (copier && has_a2) {
             const TilePages na = pages_of(tile + 2);
+#if MLA_HOPPER_COPY_BOXES
+            copy_chunks(kv, k0_s, bars, na, 4, 4);
+            copy_chunks(kv, k0_s, bars, na, 8, 1);
+#else
             for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+#endif
           }
         };
 #if !MLA_HOPPER_COPY_BEHIND
@@ -2257,7 +2328,11 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           for (int j = 0; j < 4; ++j) fence_accumulators(o[j]);
           if (copier && has_b2) {
             const TilePages nb = pages_of(tile + 3);
+#if MLA_HOPPER_COPY_BOXES
+            copy_chunks(kv, k1_s, bars + kChunks, nb, 4, 4);
+#else
             for (int j = 4; j < 8; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+#endif
             bad_pages |= nb.bad;
           }
         }
@@ -3084,6 +3159,23 @@ KvTensor kv_tensor(const MlaParams& p) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return KvTensor{};
   kv.box_keys = box_keys;
+#if MLA_HOPPER_COPY_BOXES
+  // The four-chunk boxes, where a tile is one page's 64 keys: the chunks are a
+  // dimension of their own, 128 bytes apart, between the keys and the pages.
+  kv.chunk_boxes = 0;
+  if (box_keys == kKeysPerTile) {
+    const cuuint64_t dims4[4] = {(cuuint64_t)kChunkDims, (cuuint64_t)p.page_size, (cuuint64_t)kChunks,
+                                 (cuuint64_t)p.num_pages};
+    const cuuint64_t strides4[3] = {(cuuint64_t)p.kv_stride_slot * 2, (cuuint64_t)kChunkDims * 2,
+                                    (cuuint64_t)p.kv_stride_page * 2};
+    const cuuint32_t box4[4] = {kChunkDims, (cuuint32_t)kKeysPerTile, 4, 1}, elem_strides4[4] = {1, 1, 1, 1};
+    if (encode(&kv.map4, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p.kv), dims4, strides4, box4,
+               elem_strides4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return KvTensor{};  // (the build says so at its launch: it has no map it may run without)
+    kv.chunk_boxes = 1;
+  }
+#endif
   last_key = key;
   last = kv;
   return kv;
@@ -3130,6 +3222,9 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
 #if MLA_HOPPER_SEESAW
   if (seesaw_layout(q)) {
     const KvTensor kv = kv_tensor(q);
+#if MLA_HOPPER_COPY_BOXES
+    if (kv.box_keys == 0 && tma_cache(q)) return cudaErrorInvalidValue;  // the four-chunk map was refused
+#endif
     if (kv.box_keys != 0)
       err = launch(hopper_seesaw_kernel, seesaw_geometry(q), stream, pdl, q, kv);
     else  // no tensor map for this cache: gathered, in the same units of 64 pairs

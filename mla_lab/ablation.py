@@ -163,6 +163,10 @@ SEESAW_CROSS_STEPS_TIMELINE = "seesaw_cross_steps_timeline"
 # (-DMLA_HOPPER_COPY_BEHIND=1), not in their way, and its timeline.
 SEESAW_CROSS_BEHIND = "seesaw_cross_behind"
 SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
+# The crossed order with steps and its chunks copied in groups, 0..3, 4..7 and 8, each group on one barrier and, with
+# pages of 64 keys or more, one tensor copy of a box of four chunks (-DMLA_HOPPER_COPY_BOXES=1), and its timeline.
+SEESAW_CROSS_BOXES = "seesaw_cross_boxes"
+SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -212,6 +216,11 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_BEHIND_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
                                          "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BEHIND=1",
                                          "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS_BOXES: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1",
+                               "-DMLA_HOPPER_COPY_BOXES=1"],
+          SEESAW_CROSS_BOXES_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
+                                        "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BOXES=1",
+                                        "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -230,7 +239,7 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
 STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE,
-            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE)
+            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE, SEESAW_CROSS_BOXES_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")

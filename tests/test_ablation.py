@@ -276,6 +276,29 @@ def test_the_behind_build_moves_only_where_the_copies_are_asked_for():
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
 
 
+def test_the_boxes_build_copies_a_pair_of_tiles_in_six_copies():
+    """seesaw_cross_boxes: the same products and waits as seesaw_cross_steps; where a tile is one page's 64 keys the
+    six groups of a pair of tiles are copied by four-dimensional boxes (six UTMALDG.4D in the kernel: the unit's
+    first two tiles and the loop's four groups of four), and each group's barrier is armed once; not serialised;
+    and its timeline build likewise."""
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    boxes, steps = ablation.SEESAW_CROSS_BOXES, ablation.SEESAW_CROSS_STEPS
+    assert ablation.main_kernel(boxes) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(boxes)) == set(ablation.build_defines(steps)) | {"-DMLA_HOPPER_COPY_BOXES=1"}
+    assert ablation.hgmma_shapes(boxes) == ablation.hgmma_shapes(steps)
+    b, c = ablation.sass_counts(boxes), ablation.sass_counts(steps)
+    assert (b["HGMMA"], b["WAIT"]) == (c["HGMMA"], c["WAIT"]) and b["WAIT"] < b["HGMMA"] / 10
+    sass = ablation.main_sass(boxes)
+    assert sass.count("UTMALDG.4D") == 6  # one in each of the unit's two first tiles' loops, the pairs' four groups
+    assert "UTMALDG.4D" not in ablation.main_sass(steps)
+    arms = lambda text: count_opcodes(instruction_mix(text), "SYNCS.ARRIVE.TRANS64")
+    assert arms(sass) < arms(ablation.main_sass(steps))
+    assert ablation.SEESAW_CROSS_BOXES_TIMELINE in ablation.STAMPING and boxes not in ablation.STAMPING
+    tl = ablation.sass_counts(ablation.SEESAW_CROSS_BOXES_TIMELINE)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
+
+
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     import numpy as np
 
@@ -561,7 +584,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
-                 ablation.SEESAW_CROSS_BEHIND]
+                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [
@@ -660,7 +683,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, b
 @pytest.mark.gpu
 @sm90_only
 @pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE,
-                                   ablation.SEESAW_CROSS_STEPS_TIMELINE, ablation.SEESAW_CROSS_BEHIND_TIMELINE])
+                                   ablation.SEESAW_CROSS_STEPS_TIMELINE, ablation.SEESAW_CROSS_BEHIND_TIMELINE,
+                                   ablation.SEESAW_CROSS_BOXES_TIMELINE])
 def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
