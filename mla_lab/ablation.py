@@ -73,7 +73,12 @@ the next A's scores are done.  ``seesaw_cross_timeline`` stamps it
 (``-DMLA_HOPPER_PAGE_STEPS=1`` on top of each) find a tile's block-table entry
 by steps set once per kernel (a shift where a page holds a power of two of
 tiles) instead of dividing its first key by the page size at every tile;
-``seesaw_cross_steps_timeline`` stamps the second.
+``seesaw_cross_steps_timeline`` stamps the second.  On top of
+``seesaw_cross_steps``: ``seesaw_cross_behind`` (``-DMLA_HOPPER_COPY_BEHIND=1``)
+asks for two of each warpgroup's groups of copies right after the products they
+stood before (slower: the chunks land later), and ``seesaw_cross_boxes``
+(``-DMLA_HOPPER_COPY_BOXES=1``) copies a tile's chunks 0..3 and 4..7 in one
+four-dimensional box each, on one barrier a group; each has a timeline build.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
