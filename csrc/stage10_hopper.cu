@@ -105,7 +105,8 @@ constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 // hopper_kernel gathers every tile with cp.async, hopper_tma_kernel is the same
 // code copying whole tiles by TMA with the fences of the "tma_fewer_fences"
 // build, and hopper_seesaw_kernel is the crossed seesaw with its page lookups
-// by steps (the "seesaw_cross_steps" build).  The host picks one per call from
+// by steps and its chunks copied four at a time (the "seesaw_cross_boxes"
+// build).  The host picks one per call from
 // what it knows: the seesaw where a stream's pairs fill tiles of 64 and each
 // block has many tiles (seesaw_pays), else the tensor copy where each block
 // has a dozen tiles or more (tma_pays: it saved up to 8% of such calls, and
@@ -284,22 +285,6 @@ static_assert(kRowsPairs * kSeeOutRowBytes <= kChunks * kRowsPairs * 128, "a uni
 // start loading as early as possible.
 __host__ __device__ constexpr int dims_of(int position) { return position == 0 ? kChunks - 1 : position - 1; }
 
-// The cache seen as a 3-d tensor [pages][page_size][576] bf16, for the "tma"
-// build's loader (the op's build passes box_keys = 0 and never reads it): a
-// box is 64 dims of min(64, page_size) consecutive keys of one page, written
-// to shared memory with the 128-byte swizzle wgmma reads.  box_keys is 0 when
-// the cache cannot be read this way (pages of fewer than 16 keys, or of a
-// count that neither divides 64 nor is a multiple of it; an unaligned stride):
-// the loader then gathers with cp.async.
-struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
-  CUtensorMap map;
-  int box_keys;
-#if MLA_HOPPER_COPY_BOXES
-  int chunk_boxes;    // map4 holds: four chunks of a tile in one copy
-  CUtensorMap map4;   // (64 dims, the page's keys, the 9 chunks, pages), boxes of 4 chunks of 64 keys
-#endif
-};
-
 // The plan block 0 writes for the combine (int32 words of p.plan):
 //   [0] W, the key tiles of all units; [1] blocks that get a share;
 //   [2] units cut between blocks; [3 .. 3 + units] each unit's first tile in
@@ -391,6 +376,40 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 #ifndef MLA_HOPPER_SEESAW_CROSS
 #define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH
 #endif
+// Four chunks in one copy (build seesaw_cross_boxes, and the op's seesaw: it
+// took 0.92 to 1.00 of seesaw_cross_steps's time on the H200; crossed order
+// only).  Without it the copier's lane arms a chunk's barrier and issues its
+// tensor copy, a few dozen instructions, for each of the 18 chunks of a pair
+// of tiles, while the three other warps of its warpgroup wait at the next
+// wgmma.  With MLA_HOPPER_COPY_BOXES = 1 the chunks go in groups, 0..3, 4..7
+// and 8, each counted on its first chunk's barrier; where a tile is one
+// page's 64 keys (pages of 64 keys or more), a group of four is one copy of a
+// four-dimensional box (a second tensor map, KvTensor::map4: the chunks are
+// its third dimension, 128 bytes apart), else its chunks' copies as before.
+// Six arms and six copies a pair, not 18 of each; a chunk's readers wait for
+// its group.  (The builds without the op's choice keep 0 unless they ask.)
+#ifndef MLA_HOPPER_COPY_BOXES
+#define MLA_HOPPER_COPY_BOXES (MLA_HOPPER_DISPATCH && MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS)
+#endif
+static_assert(!MLA_HOPPER_COPY_BOXES || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS),
+              "the groups of chunks are the crossed seesaw's");
+
+// The cache seen as a 3-d tensor [pages][page_size][576] bf16, for the "tma"
+// build's loader (the op's build passes box_keys = 0 and never reads it): a
+// box is 64 dims of min(64, page_size) consecutive keys of one page, written
+// to shared memory with the 128-byte swizzle wgmma reads.  box_keys is 0 when
+// the cache cannot be read this way (pages of fewer than 16 keys, or of a
+// count that neither divides 64 nor is a multiple of it; an unaligned stride):
+// the loader then gathers with cp.async.
+struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
+  CUtensorMap map;
+  int box_keys;
+#if MLA_HOPPER_COPY_BOXES
+  int chunk_boxes;    // map4 holds: four chunks of a tile in one copy
+  CUtensorMap map4;   // (64 dims, the page's keys, the 9 chunks, pages), boxes of 4 chunks of 64 keys
+#endif
+};
+
 // Where the op runs the seesaw: where the block table's width gives each block
 // kSeeTilesPerBlock tiles or more, in units of 64 pairs (the lengths live on
 // the GPU, so this is a bound, as for tma_pays).  On the H200 the crossed
@@ -1840,22 +1859,6 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_COPY_BEHIND
 #define MLA_HOPPER_COPY_BEHIND 0
 #endif
-// Four chunks in one copy (build seesaw_cross_boxes, for chapter 10; the op is
-// always built with 0; crossed order only).  The copier's lane arms a chunk's
-// barrier and issues its tensor copy, a few dozen instructions, for each of
-// the 18 chunks of a pair of tiles, while the three other warps of its
-// warpgroup wait at the next wgmma.  With MLA_HOPPER_COPY_BOXES = 1 the chunks
-// go in groups, 0..3, 4..7 and 8, each counted on its first chunk's barrier;
-// where a tile is one page's 64 keys (pages of 64 keys or more), a group of four
-// is one copy of a four-dimensional box (a second tensor map: the chunks are
-// its third dimension, 128 bytes apart), else its chunks' copies as before.
-// Six arms and six copies a pair, not 18 of each; a chunk's readers wait for
-// its group.
-#ifndef MLA_HOPPER_COPY_BOXES
-#define MLA_HOPPER_COPY_BOXES 0
-#endif
-static_assert(!MLA_HOPPER_COPY_BOXES || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS),
-              "the groups of chunks are the crossed seesaw's");
 // A tile's pages from the block-table entries of its first `boxes` boxes
 // (`entries`: the table's, or the copies of them in the ring): a box holds
 // keys of the stream or is not copied, and a page outside the pool stands as 0.
@@ -1948,16 +1951,22 @@ __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSt
 }
 #endif  // MLA_HOPPER_PAGE_STEPS
 
-// Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
-__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
-                                           int j) {
+// The copies of chunk j of a tile (dims 64j .. 64j + 63 of its keys) into
+// `tile_s`, one a box, counted on bar (armed by the caller for their bytes).
+__device__ __forceinline__ void issue_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
+                                            int j) {
   const int box_keys = kv.box_keys;
-  mbar_arrive_expect_tx(bar, t.boxes * box_keys * 128);
   const uint32_t dst = tile_s + j * kChunkBytes;
   tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
   if (t.boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[1], bar);
   if (t.boxes > 2) tma_load_3d(dst + 2 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[2], bar);
   if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
+}
+// Chunk j of a tile into `tile_s`, counted on bar.
+__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
+                                           int j) {
+  mbar_arrive_expect_tx(bar, t.boxes * kv.box_keys * 128);
+  issue_chunk(kv, tile_s, bar, t, j);
 }
 
 // The barrier that counts chunk j of a tile: its own, or its group's first.
@@ -1969,25 +1978,31 @@ __device__ __forceinline__ constexpr int chunk_bar(int j) {
 __device__ __forceinline__ void copy_chunks(const KvTensor& kv, uint32_t tile_s, uint64_t* tile_bars,
                                             const TilePages& t, int j0, int n) {
 #if MLA_HOPPER_COPY_BOXES
+  uint64_t* bar = &tile_bars[j0];
   if (n == 4 && kv.chunk_boxes) {
-    mbar_arrive_expect_tx(&tile_bars[j0], 4 * kChunkBytes);
-    tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], &tile_bars[j0]);
+    mbar_arrive_expect_tx(bar, 4 * kChunkBytes);
+    tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], bar);
     return;
   }
-  const int box_keys = kv.box_keys;
-  uint64_t* bar = &tile_bars[j0];
-  mbar_arrive_expect_tx(bar, n * t.boxes * box_keys * 128);
-  for (int j = j0; j < j0 + n; ++j) {
-    const uint32_t dst = tile_s + j * kChunkBytes;
-    tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
-    if (t.boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[1], bar);
-    if (t.boxes > 2) tma_load_3d(dst + 2 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[2], bar);
-    if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
-  }
+  mbar_arrive_expect_tx(bar, n * t.boxes * kv.box_keys * 128);
+  for (int j = j0; j < j0 + n; ++j) issue_chunk(kv, tile_s, bar, t, j);
 #else
   for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
 #endif
 }
+
+// Every rescale of O made, by factors of 1 where no reference moved (build
+// seesaw_cross_rescale_always, for chapter 10; the op is built with 0;
+// crossed order only).  A rescale is 128 multiplies a thread, skipped by a
+// branch where no row's reference moved, which is almost every tile; each
+// skip jumps over its multiplies, and where the code after the jump is not in
+// the instruction cache the warp waits for it (Nsight Compute's
+// `no_instructions`).  x * 1 is x: the same bits either way.
+#ifndef MLA_HOPPER_RESCALE_ALWAYS
+#define MLA_HOPPER_RESCALE_ALWAYS 0
+#endif
+constexpr bool kRescaleAlways = MLA_HOPPER_RESCALE_ALWAYS != 0;
+static_assert(!kRescaleAlways || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS), "the crossed seesaw's rescales");
 
 constexpr int kBarScaleA = 1, kBarScaleB = 2, kBarPA = 3, kBarPB = 4;  // the seesaw's handshakes (256 threads)
 constexpr int kBarSeeBoth = 5, kBarSeeOwn = 6;                         // both warpgroups; one (6 + warpgroup)
@@ -2199,7 +2214,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           scale_s[row0] = a0;
           scale_s[row0 + 8] = a1;
         }
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+        if (kRescaleAlways || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
         // P_A for warpgroup 1, in A's RoPE chunk (its scores are done), before this warpgroup's products.
         store_p(pk, k0_s + (kChunks - 1) * kChunkBytes);
         fence_proxy_async();
@@ -2228,7 +2243,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         const float b0 = scale_s[kRowsPairs + row0], b1 = scale_s[kRowsPairs + row0 + 8];
         l0 *= b0;
         l1 *= b1;
-        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
+        if (kRescaleAlways || __any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
         if (has_b) pv_smem(o, k1_s + (kChunks - 1) * kChunkBytes, v1_desc);
         if (has_a2) {
           auto copy_next_b = [&] {
@@ -2271,7 +2286,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         SEE_STAMP(1);
         const float m0 = m_s[row0], m1 = m_s[row0 + 8];
         const float a0 = scale_s[row0], a1 = scale_s[row0 + 8];
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // O_R into A's reference
+        if (kRescaleAlways || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // O_R into A's reference
         if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
         pv_smem(o, k0_s + (kChunks - 1) * kChunkBytes, v0_desc);  // P_A V_A,R, while B's softmax runs
         float n0 = m0, n1 = m1, s0 = 0.f, s1 = 0.f;
@@ -2317,7 +2332,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #if !MLA_HOPPER_COPY_BEHIND
         copy_next_a();
 #endif
-        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
+        if (kRescaleAlways || __any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
         if (has_b) {
           pv_regs(o, pk, v1_desc);
 #if MLA_HOPPER_COPY_BEHIND
@@ -3171,9 +3186,8 @@ KvTensor kv_tensor(const MlaParams& p) {
     const cuuint32_t box4[4] = {kChunkDims, (cuuint32_t)kKeysPerTile, 4, 1}, elem_strides4[4] = {1, 1, 1, 1};
     if (encode(&kv.map4, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(p.kv), dims4, strides4, box4,
                elem_strides4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return KvTensor{};  // (the build says so at its launch: it has no map it may run without)
-    kv.chunk_boxes = 1;
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
+      kv.chunk_boxes = 1;  // (refused, the groups of four are copied chunk by chunk, on the same barriers)
   }
 #endif
   last_key = key;
@@ -3222,9 +3236,6 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
 #if MLA_HOPPER_SEESAW
   if (seesaw_layout(q)) {
     const KvTensor kv = kv_tensor(q);
-#if MLA_HOPPER_COPY_BOXES
-    if (kv.box_keys == 0 && tma_cache(q)) return cudaErrorInvalidValue;  // the four-chunk map was refused
-#endif
     if (kv.box_keys != 0)
       err = launch(hopper_seesaw_kernel, seesaw_geometry(q), stream, pdl, q, kv);
     else  // no tensor map for this cache: gathered, in the same units of 64 pairs

@@ -65,9 +65,9 @@ def _work_counts(sass_text):
     return dict(ablation.work_counts(sass_text), STSM=count_opcodes(mix, "STSM"), BAR=count_opcodes(mix, "BAR"))
 
 
-def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_crossed_steps_builds():
+def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_four_chunk_builds():
     """The op picks its kernel per call; each of its three main kernels does a build's work, product for product and
-    copy for copy.  The seesaw kernel is the crossed-steps build's instruction for instruction: it is launched only
+    copy for copy.  The seesaw kernel is the four-chunk build's instruction for instruction: it is launched only
     where the seesaw runs, so it never asks the rule.  The other two are not: they also work out whether the seesaw
     pays (the cp.async kernel stands in for it where the cache gets no tensor map), which a build without the choice
     never asks, so that every kernel of a call agrees on its units."""
@@ -81,8 +81,8 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_cr
         assert _body(mine) != _body(theirs), kernel  # the choice is there
         assert abs(len(_body(mine)) - len(_body(theirs))) < 0.05 * len(_body(theirs)), kernel
     seesaw = _body(kernel_sass(op, "hopper_seesaw_kernel"))
-    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))
-    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS))  # and the comparison can tell builds apart
+    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_BOXES))
+    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))  # and the comparison can tell builds apart
     assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
     # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
     # cp.async kernel
@@ -296,6 +296,22 @@ def test_the_boxes_build_copies_a_pair_of_tiles_in_six_copies():
     assert ablation.SEESAW_CROSS_BOXES_TIMELINE in ablation.STAMPING and boxes not in ablation.STAMPING
     tl = ablation.sass_counts(ablation.SEESAW_CROSS_BOXES_TIMELINE)
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
+
+
+def test_the_rescale_always_build_makes_every_rescale_and_asks_no_warp_whether_to():
+    """seesaw_cross_rescale_always: the four-chunk build with its four rescales of O a pair of tiles made every time;
+    no vote on whether a reference moved is left (the four-chunk build has one for each), and the products, the
+    copies and the waits are the same, not serialised."""
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    always, boxes = ablation.SEESAW_CROSS_RESCALE_ALWAYS, ablation.SEESAW_CROSS_BOXES
+    assert ablation.main_kernel(always) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(always)) == set(ablation.build_defines(boxes)) | {"-DMLA_HOPPER_RESCALE_ALWAYS=1"}
+    assert ablation.hgmma_shapes(always) == ablation.hgmma_shapes(boxes)
+    a, b = ablation.sass_counts(always), ablation.sass_counts(boxes)
+    assert a == b and a["WAIT"] < a["HGMMA"] / 10
+    votes = lambda text: count_opcodes(instruction_mix(text), "VOTE")
+    assert votes(ablation.main_sass(boxes)) >= 4 and votes(ablation.main_sass(always)) == votes(ablation.main_sass(boxes)) - 4
 
 
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
@@ -583,7 +599,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
-                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES]
+                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES, ablation.SEESAW_CROSS_RESCALE_ALWAYS]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [

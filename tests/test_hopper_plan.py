@@ -396,14 +396,18 @@ def test_the_loader_rule_matches_the_kernel():
 
 def test_the_seesaw_rule_matches_the_kernel():
     """The op runs the crossed seesaw where pairs fill tiles of 64, pages suit TMA and the table's width gives each
-    block kSeeTilesPerBlock tiles of 64-pair units; it is built in the op with its page lookup by steps, and not with
-    its copies behind the products (slower)."""
+    block kSeeTilesPerBlock tiles of 64-pair units; it is built in the op with its page lookup by steps and its chunks
+    copied four at a time, and not with its copies behind the products (slower)."""
     src = stage10_source()
     assert re.search(rf"constexpr int kSeeTilesPerBlock = {stages.HOPPER_SEE_TILES_PER_BLOCK};", src)
     assert re.search(r"#define MLA_HOPPER_SEESAW MLA_HOPPER_DISPATCH\n", src)
     assert re.search(r"#define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH\n", src)
     assert re.search(r"#define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH ", src)
     assert re.search(r"#define MLA_HOPPER_COPY_BEHIND 0\n", src)  # the copies behind the products: slower
+    # four chunks in one copy: the op's, and no build without the choice unless it asks
+    assert re.search(r"#define MLA_HOPPER_COPY_BOXES \(MLA_HOPPER_DISPATCH && MLA_HOPPER_SEESAW && "
+                     r"MLA_HOPPER_SEESAW_CROSS\)\n", src)
+    assert re.search(r"#define MLA_HOPPER_RESCALE_ALWAYS 0\n", src)
     assert re.search(r"const int64_t units = \(int64_t\)p\.batch \* \(\(p\.q_len \* p\.num_heads \+ kRowsPairs - 1\) "
                      r"/ kRowsPairs\);", src)
     assert re.search(r"return units \* unit_tiles_bound\(p\) >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
