@@ -376,18 +376,20 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 #ifndef MLA_HOPPER_SEESAW_CROSS
 #define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH
 #endif
-// Four chunks in one copy (build seesaw_cross_boxes, and the op's seesaw: it
-// took 0.92 to 1.00 of seesaw_cross_steps's time on the H200; crossed order
-// only).  Without it the copier's lane arms a chunk's barrier and issues its
-// tensor copy, a few dozen instructions, for each of the 18 chunks of a pair
-// of tiles, while the three other warps of its warpgroup wait at the next
-// wgmma.  With MLA_HOPPER_COPY_BOXES = 1 the chunks go in groups, 0..3, 4..7
-// and 8, each counted on its first chunk's barrier; where a tile is one
-// page's 64 keys (pages of 64 keys or more), a group of four is one copy of a
-// four-dimensional box (a second tensor map, KvTensor::map4: the chunks are
-// its third dimension, 128 bytes apart), else its chunks' copies as before.
-// Six arms and six copies a pair, not 18 of each; a chunk's readers wait for
-// its group.  (The builds without the op's choice keep 0 unless they ask.)
+// Four chunks in one copy (build seesaw_cross_boxes, and the op's seesaw: on
+// the H200 it took 0.89 to 0.96 of seesaw_cross_steps's time with pages of 64
+// keys; crossed order only).  Without it the copier's lane arms a chunk's
+// barrier and issues its tensor copy, a few dozen instructions, for each of
+// the 18 chunks of a pair of tiles, while the three other warps of its
+// warpgroup wait at the next wgmma.  With MLA_HOPPER_COPY_BOXES = 1, where a
+// tile is one page's 64 keys (pages of 64 keys or more), chunks 0..3 and 4..7
+// of a tile are one copy each, of a four-dimensional box (a second tensor map,
+// KvTensor::map4: the chunks are its third dimension, 128 bytes apart),
+// counted on the group's first barrier: six arms and six copies a pair of
+// tiles, not 18 of each, and a chunk's readers wait for its group.  Elsewhere
+// (pages of 16 or 32 keys, or a map the driver refuses) each chunk is copied
+// and counted on its own, as without it.  (The builds without the op's choice
+// keep 0 unless they ask.)
 #ifndef MLA_HOPPER_COPY_BOXES
 #define MLA_HOPPER_COPY_BOXES (MLA_HOPPER_DISPATCH && MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS)
 #endif
@@ -1951,53 +1953,42 @@ __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSt
 }
 #endif  // MLA_HOPPER_PAGE_STEPS
 
-// The copies of chunk j of a tile (dims 64j .. 64j + 63 of its keys) into
-// `tile_s`, one a box, counted on bar (armed by the caller for their bytes).
-__device__ __forceinline__ void issue_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
-                                            int j) {
+// Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
+__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
+                                           int j) {
   const int box_keys = kv.box_keys;
+  mbar_arrive_expect_tx(bar, t.boxes * box_keys * 128);
   const uint32_t dst = tile_s + j * kChunkBytes;
   tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
   if (t.boxes > 1) tma_load_3d(dst + box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[1], bar);
   if (t.boxes > 2) tma_load_3d(dst + 2 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[2], bar);
   if (t.boxes > 3) tma_load_3d(dst + 3 * box_keys * 128, &kv.map, j * kChunkDims, 0, t.page[3], bar);
 }
-// Chunk j of a tile into `tile_s`, counted on bar.
-__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
-                                           int j) {
-  mbar_arrive_expect_tx(bar, t.boxes * kv.box_keys * 128);
-  issue_chunk(kv, tile_s, bar, t, j);
-}
 
-// The barrier that counts chunk j of a tile: its own, or its group's first.
-__device__ __forceinline__ constexpr int chunk_bar(int j) {
-  return MLA_HOPPER_COPY_BOXES ? (j < 4 ? 0 : j < 8 ? 4 : 8) : j;
+// The barrier that counts chunk j of a tile: its group's first where one
+// copy brings the group (KvTensor::chunk_boxes), else its own.  (Counted on
+// one barrier, a group of chunks copied one by one made the scores wait for
+// all four: with pages of 16 keys, 16 copies, and the calls 5% slower.)
+__device__ __forceinline__ int chunk_bar(const KvTensor& kv, int j) {
+#if MLA_HOPPER_COPY_BOXES
+  if (kv.chunk_boxes) return j < 4 ? 0 : j < 8 ? 4 : 8;
+#endif
+  return j;
 }
-// Chunks j0 .. j0 + n - 1 of a tile into `tile_s`, counted on tile_bars (n = 4
-// from chunk 0 or 4, or 1: chunk 8, the groups of chunk_bar).
+// Chunks j0 .. j0 + n - 1 of a tile into `tile_s`, counted on tile_bars as
+// chunk_bar says (n = 4 from chunk 0 or 4, or 1: chunk 8).
 __device__ __forceinline__ void copy_chunks(const KvTensor& kv, uint32_t tile_s, uint64_t* tile_bars,
                                             const TilePages& t, int j0, int n) {
 #if MLA_HOPPER_COPY_BOXES
-  uint64_t* bar = &tile_bars[j0];
   if (n == 4 && kv.chunk_boxes) {
-    mbar_arrive_expect_tx(bar, 4 * kChunkBytes);
-    tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], bar);
+    mbar_arrive_expect_tx(&tile_bars[j0], 4 * kChunkBytes);
+    tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], &tile_bars[j0]);
     return;
   }
-  mbar_arrive_expect_tx(bar, n * t.boxes * kv.box_keys * 128);
-  for (int j = j0; j < j0 + n; ++j) issue_chunk(kv, tile_s, bar, t, j);
-#else
-  for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
 #endif
+  for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
 }
 
-// Every rescale of O made, by factors of 1 where no reference moved (build
-// seesaw_cross_rescale_always, for chapter 10; the op is built with 0;
-// crossed order only).  A rescale is 128 multiplies a thread, skipped by a
-// branch where no row's reference moved, which is almost every tile; each
-// skip jumps over its multiplies, and where the code after the jump is not in
-// the instruction cache the warp waits for it (Nsight Compute's
-// `no_instructions`).  x * 1 is x: the same bits either way.
 #ifndef MLA_HOPPER_RESCALE_ALWAYS
 #define MLA_HOPPER_RESCALE_ALWAYS 0
 #endif
@@ -2057,7 +2048,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #pragma unroll
     for (int i = 0; i < n; ++i) {
       const int j = (start + i) % kChunks;
-      mbar_wait(&tile_bars[chunk_bar(j)], phase);
+      mbar_wait(&tile_bars[chunk_bar(kv, j)], phase);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_m64n64k16_ss<0>(sc, q_desc + ((j * kRowsPairs * 128 + 32 * ks) >> 4),
