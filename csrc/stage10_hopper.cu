@@ -1989,12 +1989,6 @@ __device__ __forceinline__ void copy_chunks(const KvTensor& kv, uint32_t tile_s,
   for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
 }
 
-#ifndef MLA_HOPPER_RESCALE_ALWAYS
-#define MLA_HOPPER_RESCALE_ALWAYS 0
-#endif
-constexpr bool kRescaleAlways = MLA_HOPPER_RESCALE_ALWAYS != 0;
-static_assert(!kRescaleAlways || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS), "the crossed seesaw's rescales");
-
 constexpr int kBarScaleA = 1, kBarScaleB = 2, kBarPA = 3, kBarPB = 4;  // the seesaw's handshakes (256 threads)
 constexpr int kBarSeeBoth = 5, kBarSeeOwn = 6;                         // both warpgroups; one (6 + warpgroup)
 
@@ -2205,7 +2199,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           scale_s[row0] = a0;
           scale_s[row0 + 8] = a1;
         }
-        if (kRescaleAlways || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
         // P_A for warpgroup 1, in A's RoPE chunk (its scores are done), before this warpgroup's products.
         store_p(pk, k0_s + (kChunks - 1) * kChunkBytes);
         fence_proxy_async();
@@ -2234,7 +2228,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         const float b0 = scale_s[kRowsPairs + row0], b1 = scale_s[kRowsPairs + row0 + 8];
         l0 *= b0;
         l1 *= b1;
-        if (kRescaleAlways || __any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
+        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_L into B's reference
         if (has_b) pv_smem(o, k1_s + (kChunks - 1) * kChunkBytes, v1_desc);
         if (has_a2) {
           auto copy_next_b = [&] {
@@ -2277,7 +2271,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         SEE_STAMP(1);
         const float m0 = m_s[row0], m1 = m_s[row0 + 8];
         const float a0 = scale_s[row0], a1 = scale_s[row0 + 8];
-        if (kRescaleAlways || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // O_R into A's reference
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);  // O_R into A's reference
         if (valid_a < kKeysPerTile) zero_tail(k0_s, valid_a);
         pv_smem(o, k0_s + (kChunks - 1) * kChunkBytes, v0_desc);  // P_A V_A,R, while B's softmax runs
         float n0 = m0, n1 = m1, s0 = 0.f, s1 = 0.f;
@@ -2323,7 +2317,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #if !MLA_HOPPER_COPY_BEHIND
         copy_next_a();
 #endif
-        if (kRescaleAlways || __any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
+        if (__any_sync(0xffffffffu, b0 != 1.f || b1 != 1.f)) rescale(b0, b1);  // O_R into B's reference
         if (has_b) {
           pv_regs(o, pk, v1_desc);
 #if MLA_HOPPER_COPY_BEHIND

@@ -79,10 +79,7 @@ asks for two of each warpgroup's groups of copies right after the products they
 stood before (slower: the chunks land later), and ``seesaw_cross_boxes``
 (``-DMLA_HOPPER_COPY_BOXES=1``) copies a tile's chunks 0..3 and 4..7 in one
 four-dimensional box each, on one barrier a group (the op's seesaw kernel is
-this build's, instruction for instruction); each has a timeline build.  On top
-of ``seesaw_cross_boxes``, ``seesaw_cross_rescale_always``
-(``-DMLA_HOPPER_RESCALE_ALWAYS=1``) makes every rescale of O, by factors of 1
-where no reference moved, instead of jumping over it.
+this build's, instruction for instruction); each has a timeline build.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -176,9 +173,6 @@ SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
 # pages of 64 keys or more, one tensor copy of a box of four chunks (-DMLA_HOPPER_COPY_BOXES=1), and its timeline.
 SEESAW_CROSS_BOXES = "seesaw_cross_boxes"
 SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
-# The four-chunk build with every rescale of O made, by factors of 1 where no reference moved, instead of skipped by a
-# branch (-DMLA_HOPPER_RESCALE_ALWAYS=1): the same bits, no jump over the multiplies.
-SEESAW_CROSS_RESCALE_ALWAYS = "seesaw_cross_rescale_always"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -233,9 +227,6 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_BOXES_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
                                         "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BOXES=1",
                                         "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS_RESCALE_ALWAYS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
-                                        "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BOXES=1",
-                                        "-DMLA_HOPPER_RESCALE_ALWAYS=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],

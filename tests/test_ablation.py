@@ -298,22 +298,6 @@ def test_the_boxes_build_copies_a_pair_of_tiles_in_six_copies():
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
 
 
-def test_the_rescale_always_build_makes_every_rescale_and_asks_no_warp_whether_to():
-    """seesaw_cross_rescale_always: the four-chunk build with its four rescales of O a pair of tiles made every time;
-    no vote on whether a reference moved is left (the four-chunk build has one for each), and the products, the
-    copies and the waits are the same, not serialised."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
-
-    always, boxes = ablation.SEESAW_CROSS_RESCALE_ALWAYS, ablation.SEESAW_CROSS_BOXES
-    assert ablation.main_kernel(always) == "hopper_seesaw_kernel"
-    assert set(ablation.build_defines(always)) == set(ablation.build_defines(boxes)) | {"-DMLA_HOPPER_RESCALE_ALWAYS=1"}
-    assert ablation.hgmma_shapes(always) == ablation.hgmma_shapes(boxes)
-    a, b = ablation.sass_counts(always), ablation.sass_counts(boxes)
-    assert a == b and a["WAIT"] < a["HGMMA"] / 10
-    votes = lambda text: count_opcodes(instruction_mix(text), "VOTE")
-    assert votes(ablation.main_sass(boxes)) >= 4 and votes(ablation.main_sass(always)) == votes(ablation.main_sass(boxes)) - 4
-
-
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     import numpy as np
 
@@ -599,7 +583,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
-                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES, ablation.SEESAW_CROSS_RESCALE_ALWAYS]
+                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [

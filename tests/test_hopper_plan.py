@@ -407,7 +407,6 @@ def test_the_seesaw_rule_matches_the_kernel():
     # four chunks in one copy: the op's, and no build without the choice unless it asks
     assert re.search(r"#define MLA_HOPPER_COPY_BOXES \(MLA_HOPPER_DISPATCH && MLA_HOPPER_SEESAW && "
                      r"MLA_HOPPER_SEESAW_CROSS\)\n", src)
-    assert re.search(r"#define MLA_HOPPER_RESCALE_ALWAYS 0\n", src)
     assert re.search(r"const int64_t units = \(int64_t\)p\.batch \* \(\(p\.q_len \* p\.num_heads \+ kRowsPairs - 1\) "
                      r"/ kRowsPairs\);", src)
     assert re.search(r"return units \* unit_tiles_bound\(p\) >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
