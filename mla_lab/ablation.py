@@ -169,8 +169,8 @@ SEESAW_CROSS_STEPS_TIMELINE = "seesaw_cross_steps_timeline"
 # (-DMLA_HOPPER_COPY_BEHIND=1), not in their way, and its timeline.
 SEESAW_CROSS_BEHIND = "seesaw_cross_behind"
 SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
-# The crossed order with steps and its chunks copied in groups, 0..3, 4..7 and 8, each group on one barrier and, with
-# pages of 64 keys or more, one tensor copy of a box of four chunks (-DMLA_HOPPER_COPY_BOXES=1), and its timeline.
+# The crossed order with steps and, with pages of 64 keys or more, chunks 0..3 and 4..7 of a tile each one tensor copy
+# of a box of four chunks, counted on one barrier (-DMLA_HOPPER_COPY_BOXES=1; the op's seesaw), and its timeline.
 SEESAW_CROSS_BOXES = "seesaw_cross_boxes"
 SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
@@ -206,6 +206,8 @@ CP_ASYNC = "cp_async"
 # and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
 # it also ran the crossed seesaw where that pays.  The one build made with the op's choice.
 LOADER_CHOICE = "loader_choice"
+# The crossed order with its page lookups by steps: the builds below it add one define each.
+_CROSS_STEPS = ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"]
 BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"],
           TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
@@ -214,19 +216,12 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1"],
           SEESAW_CROSS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_TIMELINE=1"],
           SEESAW_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
-          SEESAW_CROSS_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
-          SEESAW_CROSS_STEPS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
-                                        "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS_BEHIND: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1",
-                                "-DMLA_HOPPER_COPY_BEHIND=1"],
-          SEESAW_CROSS_BEHIND_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
-                                         "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BEHIND=1",
-                                         "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS_BOXES: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1",
-                               "-DMLA_HOPPER_COPY_BOXES=1"],
-          SEESAW_CROSS_BOXES_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1",
-                                        "-DMLA_HOPPER_PAGE_STEPS=1", "-DMLA_HOPPER_COPY_BOXES=1",
-                                        "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS_STEPS: _CROSS_STEPS,
+          SEESAW_CROSS_STEPS_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS_BEHIND: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BEHIND=1"],
+          SEESAW_CROSS_BEHIND_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BEHIND=1", "-DMLA_HOPPER_TIMELINE=1"],
+          SEESAW_CROSS_BOXES: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1"],
+          SEESAW_CROSS_BOXES_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],

@@ -248,6 +248,8 @@ def _kernel_times(args, argv) -> int:
 
 
 def _profile_target_args(ap):
+    from .explore import PROFILE_PEERS
+
     ap.add_argument("stage", choices=_stage_ids(), metavar="STAGE", help="the stage to run")
     for name, what in (("streams", "streams"), ("q_len", "query rows per stream"), ("heads", "query heads"),
                        ("prefix", "cached tokens before the draft")):
@@ -259,7 +261,7 @@ def _profile_target_args(ap):
     ap.add_argument("--build", default=None, metavar="NAME",
                     help="hopper only: one of stage 10's ablation variants or builds (mla_lab/ablation.py), "
                          "e.g. no_math or tma_no_math, instead of the op")
-    ap.add_argument("--peer", default=None, choices=("flashmla",),
+    ap.add_argument("--peer", default=None, choices=PROFILE_PEERS,
                     help="call that library on the same workload instead (FlashMLA: pages of 64), to profile beside")
 
 
