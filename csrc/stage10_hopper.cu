@@ -413,19 +413,28 @@ struct KvTensor {  // aligned as CUtensorMap is (128 bytes)
 };
 
 // Where the op runs the seesaw: where the block table's width gives each block
-// kSeeTilesPerBlock tiles or more, in units of 64 pairs (the lengths live on
-// the GPU, so this is a bound, as for tma_pays).  On the H200 the crossed
-// seesaw with page steps took 0.83 to 0.95 of the time of the op without it at
-// each of 11 shapes with 64 to 995 tiles a block, and 0.80 to 1.27 of it at 21
-// with fewer than 48.
-constexpr int kSeeTilesPerBlock = 56;
+// see_tiles_per_block tiles or more, in units of 64 pairs (the lengths live on
+// the GPU, so this is a bound, as for tma_pays).  The line depends on the
+// pages.  With pages of 64 keys or a multiple, where a tile's chunks come four
+// to a copy, the crossed seesaw took 0.73 to 1.02 of the time of the op (then
+// without it there) at each of 16 shapes on the H200 with 15.5 to 47.6 tiles a
+// block, and 0.86 to 1.12 of it at 9 with 3.6 to 9.8.  With pages of 16 or 32
+// keys, a copy a chunk, it stays where it was drawn for the seesaw copying
+// chunk by chunk (0.83 to 0.95 of the op's time at 11 shapes with 64 to 995
+// tiles a block, 0.80 to 1.27 at 21 with fewer than 48); with pages of 16 at
+// 31 tiles a block the seesaw took 1.05 of the op's time.
+constexpr int kSeeTilesPerBlock = 15;
+constexpr int kSeeTilesPerBlockSmallPages = 56;
+__host__ __device__ inline int see_tiles_per_block(int page_size) {
+  return page_size % kKeysPerTile == 0 ? kSeeTilesPerBlock : kSeeTilesPerBlockSmallPages;
+}
 // The most tiles a unit can have: the block table's width (the lengths live on the GPU).
 __host__ __device__ inline int64_t unit_tiles_bound(const MlaParams& p) {
   return ((int64_t)p.max_pages * p.page_size + kKeysPerTile - 1) / kKeysPerTile;
 }
 __host__ __device__ inline bool seesaw_pays(const MlaParams& p) {
   const int64_t units = (int64_t)p.batch * ((p.q_len * p.num_heads + kRowsPairs - 1) / kRowsPairs);
-  return units * unit_tiles_bound(p) >= (int64_t)kSeeTilesPerBlock * p.num_splits;
+  return units * unit_tiles_bound(p) >= (int64_t)see_tiles_per_block(p.page_size) * p.num_splits;
 }
 __host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
   return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size) &&
@@ -1966,9 +1975,10 @@ __device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, 
 }
 
 // The barrier that counts chunk j of a tile: its group's first where one
-// copy brings the group (KvTensor::chunk_boxes), else its own.  (Counted on
-// one barrier, a group of chunks copied one by one made the scores wait for
-// all four: with pages of 16 keys, 16 copies, and the calls 5% slower.)
+// copy brings the group (KvTensor::chunk_boxes), else its own, so that where
+// a group comes box by box (pages of 16 or 32 keys) the scores of its first
+// chunk wait for that chunk's copies only.  (Counted on its first barrier, such
+// a group took 1.00 and 1.05 of the time of this rule in two runs: no gain.)
 __device__ __forceinline__ int chunk_bar(const KvTensor& kv, int j) {
 #if MLA_HOPPER_COPY_BOXES
   if (kv.chunk_boxes) return j < 4 ? 0 : j < 8 ? 4 : 8;

@@ -206,11 +206,20 @@ def hopper_seesaw_groups(q_len: int, heads: int) -> int:
 def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
     """Whether a call of stage 10 runs the crossed seesaw (hopper_seesaw_kernel, seesaw_layout): where a stream's
     pairs fill tiles of 64, the pages suit the tensor copy, and the block table's width gives each of the
-    ``splits`` blocks HOPPER_SEE_TILES_PER_BLOCK key tiles or more, in units of 64 pairs (a bound: the host cannot
-    see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same units.)"""
+    ``splits`` blocks hopper_see_tiles_per_block(page_size) key tiles or more, in units of 64 pairs (a bound: the
+    host cannot see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same
+    units.)"""
     units = streams * hopper_seesaw_groups(q_len, heads)
     return (hopper_fills_rows(q_len * heads) and hopper_tma_pages(page_size)
-            and units * hopper_table_tiles(max_pages, page_size) >= HOPPER_SEE_TILES_PER_BLOCK * splits)
+            and units * hopper_table_tiles(max_pages, page_size) >= hopper_see_tiles_per_block(page_size) * splits)
+
+
+def hopper_see_tiles_per_block(page_size: int) -> int:
+    """The seesaw's line in tiles a block (see_tiles_per_block): lower with pages of 64 keys or a multiple, where
+    the seesaw copies a tile's chunks four at a time, than with pages of 16 or 32, where it copies them one by one."""
+    if page_size % HOPPER_KEYS_PER_TILE == 0:
+        return HOPPER_SEE_TILES_PER_BLOCK
+    return HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES
 
 
 def hopper_units(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> int:
@@ -252,7 +261,8 @@ def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, pag
 HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_combine_kernel",
                   "hopper_merge_by_warps_kernel")
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
-HOPPER_SEE_TILES_PER_BLOCK = 56  # kSeeTilesPerBlock
+HOPPER_SEE_TILES_PER_BLOCK = 15  # kSeeTilesPerBlock: pages of 64 keys or a multiple
+HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES = 56  # kSeeTilesPerBlockSmallPages: pages of 16 or 32
 HOPPER_ROWS_PAIRS = 64  # kRowsPairs: a seesaw unit's pairs, on wgmma's M
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups

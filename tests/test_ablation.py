@@ -616,9 +616,10 @@ def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
     _right_on_two_grids(build, w, reference_attention(*w.args(), check=False), few_blocks=3)
 
 
-# The op runs the crossed seesaw where the table's width gives each block 56 tiles of 64-pair units: over the
-# seesaw's shapes with one block per SM (most below that line), with three blocks and with one (all above it, where
-# the pairs fill tiles of 64 and the pages suit the tensor copy), poisoned, and replayed in a graph.
+# The op runs the crossed seesaw where the table's width gives each block 15 tiles of 64-pair units (pages of 64
+# keys or a multiple) or 56 (pages of 16 or 32): over the seesaw's shapes with one block per SM (most below that
+# line), with three blocks and with one (all above it, where the pairs fill tiles of 64 and the pages suit the tensor
+# copy), poisoned, and replayed in a graph.
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only

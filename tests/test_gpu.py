@@ -202,15 +202,17 @@ def test_float4_reads_probe_reads_what_float4_reads(ext):
 # with few or many pieces) or would differ in the scheduler's rule for equal streams if it counted padded ones.
 PADDING_CASES = [
     (Problem(streams=2, q_len=9, heads=8, prefix=(16384, 3000), page_size=64), 2, 0),  # slices: 256 vs 128 threads
-    (Problem(streams=2, q_len=9, heads=64, prefix=4096, page_size=64), 6, 0),     # whole pairs vs a warp a pair
+    (Problem(streams=2, q_len=9, heads=64, prefix=2000, page_size=64), 4, 0),     # whole pairs vs a warp a pair
     (Problem(streams=2, q_len=9, heads=64, prefix=(30000, 100), page_size=64), 14, 0),  # a warp, many pieces
     (Problem(streams=3, q_len=5, heads=16, prefix=(700, 5000, 33), page_size=16), 5, 300),  # table width
     (Problem(streams=1, q_len=9, heads=8, prefix=16384, page_size=64), 3, 0),     # the aligned cut: one stream
     (Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), 8, 64),     # the aligned cut: equal streams
     (Problem(streams=1, q_len=1, heads=128, prefix=8191, page_size=1), 1, 0),
     (Problem(streams=2, q_len=16, heads=64, prefix=(20000, 700), page_size=64), 3, 40),  # the seesaw, both
-    # across the seesaw's line (30.5 tiles a block alone, 122 padded): other kernels, other bits, both right
-    (Problem(streams=2, q_len=16, heads=64, prefix=8000, page_size=64), 6, 0),
+    # across the seesaw's line: other kernels, other bits, both right; with pages of 64 (the line at 15 tiles a
+    # block: 11.9 alone, 47.5 padded) and of 16 (the line at 56: 30.5 alone, 122 padded)
+    (Problem(streams=2, q_len=16, heads=64, prefix=3000, page_size=64), 6, 0),
+    (Problem(streams=2, q_len=16, heads=64, prefix=8000, page_size=16), 6, 0),
 ]
 
 

@@ -383,7 +383,8 @@ def test_the_loader_rule_matches_the_kernel():
     # 8 streams of 65536 keys at 8 heads: 62 tiles a block; one stream of 16384: 2; 8 x 16384 at 8 heads: 15.5
     assert pays(8, 9, 8, 1024, 64, 132) and not pays(1, 9, 8, 256, 64, 132) and pays(8, 9, 8, 256, 64, 132)
     assert not pays(8, 9, 8, 64, 64, 132)  # 8 x 4096: 3.9 a block
-    assert pays(8, 9, 64, 64, 64, 132)  # 64 heads: 8 groups a stream, 31 tiles a block
+    assert pays(8, 9, 64, 25, 64, 132)  # 64 heads: 8 groups a stream, 12.1 tiles a block (the seesaw's line: 27.5)
+    assert not pays(8, 9, 64, 64, 64, 132) and pays(8, 9, 64, 64, 64, 132, seesaw=False)  # there the seesaw runs
     assert pays(1, 9, 8, 1584, 64, 132) and not pays(1, 9, 8, 1583, 64, 132)  # 12 x 132 = 1584 tiles exactly
     assert pays(8, 9, 8, 4096, 16, 132) and pays(8, 9, 8, 2048, 32, 132) and pays(8, 9, 8, 512, 128, 132)
     assert not pays(8, 9, 8, 65536, 1, 132) and not pays(8, 9, 8, 16384, 8, 132) and not pays(8, 9, 8, 2731, 48, 132)
@@ -396,10 +397,16 @@ def test_the_loader_rule_matches_the_kernel():
 
 def test_the_seesaw_rule_matches_the_kernel():
     """The op runs the crossed seesaw where pairs fill tiles of 64, pages suit TMA and the table's width gives each
-    block kSeeTilesPerBlock tiles of 64-pair units; it is built in the op with its page lookup by steps and its chunks
-    copied four at a time, and not with its copies behind the products (slower)."""
+    block see_tiles_per_block tiles of 64-pair units (fewer with pages of 64 keys or a multiple than with pages of 16
+    or 32); it is built in the op with its page lookup by steps and its chunks copied four at a time, and not with its
+    copies behind the products (slower)."""
     src = stage10_source()
     assert re.search(rf"constexpr int kSeeTilesPerBlock = {stages.HOPPER_SEE_TILES_PER_BLOCK};", src)
+    assert re.search(rf"constexpr int kSeeTilesPerBlockSmallPages = {stages.HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES};",
+                     src)
+    assert re.search(r"return page_size % kKeysPerTile == 0 \? kSeeTilesPerBlock : kSeeTilesPerBlockSmallPages;", src)
+    assert stages.HOPPER_SEE_TILES_PER_BLOCK < stages.HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES
+    assert [stages.hopper_see_tiles_per_block(ps) for ps in (16, 32, 64, 128, 256)] == [56, 56, 15, 15, 15]
     assert re.search(r"#define MLA_HOPPER_SEESAW MLA_HOPPER_DISPATCH\n", src)
     assert re.search(r"#define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH\n", src)
     assert re.search(r"#define MLA_HOPPER_PAGE_STEPS MLA_HOPPER_DISPATCH ", src)
@@ -409,7 +416,8 @@ def test_the_seesaw_rule_matches_the_kernel():
                      r"MLA_HOPPER_SEESAW_CROSS\)\n", src)
     assert re.search(r"const int64_t units = \(int64_t\)p\.batch \* \(\(p\.q_len \* p\.num_heads \+ kRowsPairs - 1\) "
                      r"/ kRowsPairs\);", src)
-    assert re.search(r"return units \* unit_tiles_bound\(p\) >= \(int64_t\)kSeeTilesPerBlock \* p\.num_splits;", src)
+    assert re.search(r"return units \* unit_tiles_bound\(p\) >= \(int64_t\)see_tiles_per_block\(p\.page_size\) \* "
+                     r"p\.num_splits;", src)
     # a unit's tiles: the table's width in 64-key tiles (stages.hopper_table_tiles)
     assert re.search(r"unit_tiles_bound\(const MlaParams& p\) \{\n  return \(\(int64_t\)p\.max_pages \* p\.page_size \+ "
                      r"kKeysPerTile - 1\) / kKeysPerTile;", src)
@@ -420,16 +428,21 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert re.search(r"return pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
                      r"9 \* pairs;", src)
     pays, tma, hop = stages.hopper_seesaw_pays, stages.hopper_tma_pays, stages.get("hopper")
-    # 16 units of 64 pairs: 462 tiles each give 56 a block exactly over 132 blocks, 461 do not
-    assert pays(1, 16, 64, 462, 64, 132) and not pays(1, 16, 64, 461, 64, 132) and tma(1, 16, 64, 461, 64, 132)
-    assert not tma(1, 16, 64, 462, 64, 132)  # one or the other
-    assert pays(8, 16, 64, 65, 64, 132) and not pays(8, 9, 64, 65, 64, 132)  # 63 and 35.5 tiles a block
+    # 16 units of 64 pairs, pages of 64: 124 tiles each give 15 a block over 132 blocks (15.03), 123 do not (14.9)
+    assert pays(1, 16, 64, 124, 64, 132) and not pays(1, 16, 64, 123, 64, 132) and tma(1, 16, 64, 123, 64, 132)
+    assert not tma(1, 16, 64, 124, 64, 132)  # one or the other
+    # pages of 16 and 32: 462 tiles each give 56 a block exactly, 461 do not
+    assert pays(1, 16, 64, 1848, 16, 132) and not pays(1, 16, 64, 1844, 16, 132)
+    assert pays(1, 16, 64, 924, 32, 132) and not pays(1, 16, 64, 922, 32, 132)
+    assert pays(1, 16, 64, 62, 128, 132) and not pays(1, 16, 64, 61, 128, 132)  # pages of 128: the lower line
+    assert pays(8, 16, 64, 16, 64, 132) and not pays(8, 16, 64, 15, 64, 132)  # 15.5 and 14.5 tiles a block
+    assert pays(8, 9, 64, 28, 64, 132) and not pays(8, 9, 64, 27, 64, 132)  # 15.3 and 14.7
     assert not pays(8, 9, 8, 1025, 64, 132)  # 72 pairs leave 56 of 128 rows empty: never the seesaw
     assert pays(8, 16, 8, 1025, 64, 132)  # 128 pairs: two whole units a stream
     assert not pays(8, 16, 64, 1025, 48, 132) and not pays(8, 16, 64, 1025, 8, 132)  # pages TMA cannot read
     assert pays(8, 16, 64, 4097, 16, 132) and pays(8, 16, 64, 2049, 32, 132) and pays(8, 16, 64, 513, 128, 132)
     assert not pays(8, 16, 64, 4097, 16, 8448)  # more blocks, fewer tiles each
-    assert stages.hopper_units(8, 16, 64, 65, 64, 132) == 8 * 16 and stages.hopper_units(8, 9, 64, 65, 64, 132) == 64
+    assert stages.hopper_units(8, 16, 64, 65, 64, 132) == 8 * 16 and stages.hopper_units(8, 9, 64, 27, 64, 132) == 64
     (main, merge) = hop.launches(8, 16, 64, 257, 64, 132)
     assert (main.kernel, main.block, main.dynamic_smem_bytes) == ("hopper_seesaw_kernel", (256, 1, 1),
                                                                    stages.HOPPER_SEE_SMEM_BYTES)
