@@ -901,16 +901,32 @@ def test_the_call_parts_do_what_they_say():
     assert not compare(call.out, call.lse, *reference_attention(*w.args(), check=False)).ok
 
 
+# The op's tensor-copy kernel's shapes (and blocks; None: one a SM of the H200), each where the host's rule picks it.
+TMA_OP_PROBLEMS = [
+    (Problem(streams=2, q_len=9, heads=8, prefix=(3001, 1500), page_size=16), 4),    # four boxes per chunk
+    # whole tiles and gathered ones (120 blocks: 12.8 tiles a block of 80-pair units, past the tensor copy's 12, and
+    # 14.4 of 64-pair units, short of the seesaw's 15)
+    (Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), 120),
+    (Problem(streams=4, q_len=1, heads=16, prefix=(6000, 63, 64, 65), page_size=128), 5),  # two tiles per page
+    (Problem(streams=8, q_len=9, heads=8, prefix=16384, page_size=64), None),        # the grid's own: 15.5 tiles a block
+]
+
+
+def test_the_tma_kernels_problems_are_where_the_rule_picks_it():
+    """Each of them past the tensor copy's line and short of the seesaw's, with its blocks (132 on the H200)."""
+    from mla_lab import stages
+
+    for problem, splits in TMA_OP_PROBLEMS:
+        width = max(problem.pages_per_stream) + 1  # make_workload's table: a page more than the longest stream
+        (main, *_) = stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads, width,
+                                                   problem.page_size, splits or 132)
+        assert main.kernel == "hopper_tma_kernel", problem.label()
+
+
 @needs_gpu
 @pytest.mark.gpu
 @sm90_only
-@pytest.mark.parametrize("problem, splits", [
-    (Problem(streams=2, q_len=9, heads=8, prefix=(3001, 1500), page_size=16), 4),    # four boxes per chunk
-    # whole tiles and gathered ones (40 blocks: 43 tiles a block of 64-pair units, short of the seesaw's 56)
-    (Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), 40),
-    (Problem(streams=4, q_len=1, heads=16, prefix=(6000, 63, 64, 65), page_size=128), 5),  # two tiles per page
-    (Problem(streams=8, q_len=9, heads=8, prefix=16384, page_size=64), None),        # the grid's own: 15.5 tiles a block
-])
+@pytest.mark.parametrize("problem, splits", TMA_OP_PROBLEMS)
 def test_the_ops_tma_kernel_is_right_and_gives_its_cp_async_kernels_bits(problem, splits):
     """Where the rule picks hopper_tma_kernel, the op matches the reference (cache past each length poisoned, unused
     table slots out of range, outputs poisoned), gives the same bits as the cp_async build, and replays in a graph."""
