@@ -286,10 +286,11 @@ static_assert(kRowsPairs * kSeeOutRowBytes <= kChunks * kRowsPairs * 128, "a uni
 __host__ __device__ constexpr int dims_of(int position) { return position == 0 ? kChunks - 1 : position - 1; }
 
 // The plan block 0 writes for the combine (int32 words of p.plan):
-//   [0] W, the key tiles of all units; [1] blocks that get a share;
-//   [2] units cut between blocks; [3 .. 3 + units] each unit's first tile in
-//   the order of all tiles (exclusive prefix sum; the last word is W);
+//   [0] W, the slots of all units; [1] blocks that get a share;
+//   [2] units cut between blocks; [3 .. 3 + units] each unit's first slot in
+//   the order of all slots (exclusive prefix sum; the last word is W);
 //   then 3 words per cut unit: (unit, first block, last block).
+// (A slot is a key tile, or a unit's start: see unit_start_slots.)
 constexpr int kPlanHeader = 3;
 constexpr int kMaxSplitsHere = 256;  // the op's limit on num_splits: the most pieces a unit can be cut into
 
@@ -456,10 +457,10 @@ __host__ __device__ inline Shape shape_of(const MlaParams& p) {
   return shape_in(p, rows_layout(p.q_len * p.num_heads) || seesaw_layout(p));
 }
 
-// The tiles of all units are numbered in order (unit-major); block c of the
-// C that get a share takes tiles [start(c), start(c + 1)).
+// The slots of all units are numbered in order (unit-major); block c of the
+// C that get a share takes slots [start(c), start(c + 1)).
 __device__ __forceinline__ int share_start(int c, int W, int C) { return (int)((int64_t)c * W / C); }
-// The block whose share holds tile x.
+// The block whose share holds slot x.
 __device__ __forceinline__ int block_of_tile(int x, int W, int C) {
   return (int)(((int64_t)(x + 1) * C + W - 1) / W) - 1;
 }
@@ -471,6 +472,29 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
   const int len = p.kv_lens[u % p.batch];
   return stream_ok(p, len) ? (len + kKeysPerTile - 1) / kKeysPerTile : 0;
 }
+
+// What a block pays to start a unit, in tiles: the scheduler numbers each
+// unit with tiles as that many slots ahead of its tiles, so a share that
+// starts several units gets fewer tiles.  A start is the unit's Q (a tile's
+// bytes again in the seesaw's 64 rows), its first tiles' round trip with
+// nothing to overlap it, and its output written at the end.  In the seesaw,
+// one stream of 65536 keys at 64 heads took 174 us alone on the H200 and 250
+// beside seven of 512 keys, whose 63 units fell eight or nine to a share:
+// about 7 us a start, 3 tiles of the long stream's shares.  Only the seesaw
+// counts them, and only where the op runs it (seesaw_pays: shares of 15
+// tiles or more, as far as the block table's width tells), where a few slots
+// move a share's end by a few tiles; the op's other kernels also run calls of
+// a tile or two a block, where a slot would be most of a share.  Units
+// without tiles get no slots, so a batch padded with empty streams is cut as
+// before.
+#ifndef MLA_HOPPER_UNIT_START_TILES
+#define MLA_HOPPER_UNIT_START_TILES 3  // 0: every slot a tile, as first written (the build even_starts)
+#endif
+constexpr int kSeeUnitStartTiles = MLA_HOPPER_UNIT_START_TILES;
+__host__ __device__ inline int unit_start_slots(const MlaParams& p, const Shape& sh) {
+  return MLA_HOPPER_SEESAW && sh.rows && seesaw_pays(p) ? kSeeUnitStartTiles : 0;
+}
+__device__ __forceinline__ int slots_of(int tiles, int start_slots) { return tiles > 0 ? tiles + start_slots : 0; }
 
 // How many blocks get a share of W tiles: every group cut at the same keys.
 // Where every unit with tiles has the same tiles (`filled` units of
@@ -532,29 +556,36 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int&
 }
 
 // Where a block's share is, one (unit, tile range) piece at a time.  The
-// tiles of all units are numbered in order (unit-major); the cursor knows the
-// unit of its next tile and that unit's first tile, and finds the units after
-// it from kv_lens as it goes.  A whole warp calls next() at once; the counts
+// slots of all units are numbered in order (unit-major): a unit's start
+// slots, then its tiles.  The cursor knows the unit of its next slot and
+// that unit's first slot, and finds the units after it from kv_lens as it
+// goes; a share that ends in a unit's start slots leaves that unit to the next.  A whole warp calls next() at once; the counts
 // it reads from memory pass through a shuffle from lane 0, so the compiler
 // knows they are the same in every lane: the loops over a piece's tiles are
 // then not divergent, and their wgmmas are not serialised.
 struct Cursor {
-  int x, end;    // next tile, end of the share (in the order of all tiles)
-  int unit;      // unit of tile x
-  int start;     // its first tile
-  int tiles;     // after next(): all the tiles of the unit it returned
+  int x, end;       // next slot, end of the share (in the order of all slots)
+  int unit;         // unit of slot x
+  int start;        // its first slot
+  int start_slots;  // a unit's start slots (unit_start_slots)
+  int tiles;        // after next(): all the tiles of the unit it returned
   __device__ bool next(const MlaParams& p, int& u, int& t0, int& t1) {
     if (x >= end) return false;
     int n = __shfl_sync(0xffffffffu, unit_tiles(p, unit), 0);
-    while (start + n <= x) {
-      start += n;
+    while (start + slots_of(n, start_slots) <= x) {
+      start += slots_of(n, start_slots);
       n = __shfl_sync(0xffffffffu, unit_tiles(p, ++unit), 0);
     }
+    const int first_tile = start + start_slots;  // the slot of the unit's tile 0
     u = unit;
     tiles = n;
-    t0 = x - start;
-    t1 = min(end, start + n) - start;
-    x = start + t1;
+    t0 = max(x, first_tile) - first_tile;
+    t1 = min(end, first_tile + n) - first_tile;
+    if (t1 <= t0) {  // the share ends in this unit's start slots
+      x = end;
+      return false;
+    }
+    x = first_tile + t1;
     return true;
   }
 };
@@ -565,34 +596,39 @@ struct Cursor {
 // sums over the same kv_lens, so they agree on the cut without talking.
 // (Its first version, one thread walking all units, took 20 us at 64 units:
 // a 64-bit division per unit and border, one after another.)
-// (kBlockThreads: the block's threads, 384 in the op's kernels, 256 in the seesaw's.)
-template <int kBlockThreads = kThreads>
+// (kBlockThreads: the block's threads, 384 in the op's kernels, 256 in the
+// seesaw's; kStartSlots: whether a unit's start takes slots, only in the
+// seesaw's, so that the other kernels' cursors know theirs are 0 and keep no
+// register for them.)
+template <int kBlockThreads = kThreads, bool kStartSlots = false>
 __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int per_thread = (sh.units + kBlockThreads - 1) / kBlockThreads;
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
   // The units of one stream (its pair groups) have the same tiles; of several, only if the streams do.
   const bool one_stream = p.batch == 1;
-  const int tiles0 = unit_tiles(p, 0);
-  int mine = 0;
+  const int S = kStartSlots ? unit_start_slots(p, sh) : 0;
+  const int tiles0 = unit_tiles(p, 0), slots0 = slots_of(tiles0, S);
+  int mine = 0;      // my run's slots
   bool same = true;  // every unit of my run has no tiles or as many as unit 0
   for (int u = u0; u < u1; ++u) {
     const int n = unit_tiles(p, u);
-    mine += n;
+    mine += slots_of(n, S);
     same = same && (n == 0 || n == tiles0);
   }
   const bool same_tiles = one_stream || __syncthreads_and(same) != 0;  // (one_stream is the same in every thread)
   // One stream: its units all have its tiles, so the sum needs no trip across the block.
-  int W = one_stream ? sh.units * tiles0 : 0;
-  const int first = one_stream ? u0 * tiles0 : block_exclusive_sum<kBlockThreads>(mine, words, W);  // my run's first tile
+  int W = one_stream ? sh.units * slots0 : 0;
+  const int first = one_stream ? u0 * slots0 : block_exclusive_sum<kBlockThreads>(mine, words, W);  // my run's first slot
   // The units with tiles, where they all have unit 0's (so unit 0 has some).
-  const int filled = !same_tiles || tiles0 == 0 ? 0 : one_stream ? sh.units : W / tiles0;
-  C = blocks_with_share(p, sh, W, filled, tiles0);
+  const int filled = !same_tiles || tiles0 == 0 ? 0 : one_stream ? sh.units : W / slots0;
+  C = blocks_with_share(p, sh, W, filled, slots0);
   cur.x = share_start(cta, W, C);
   cur.end = share_start(cta + 1, W, C);
-  if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first tile
+  cur.start_slots = S;
+  if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first slot
     int u = u0, a = first;
-    for (int n = unit_tiles(p, u); a + n <= cur.x; n = unit_tiles(p, ++u)) a += n;
+    for (int n = slots_of(unit_tiles(p, u), S); a + n <= cur.x; n = slots_of(unit_tiles(p, ++u), S)) a += n;
     words[kBlockThreads / 32] = u;
     words[kBlockThreads / 32 + 1] = a;
   }
@@ -607,14 +643,17 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   if (cta == (C < (int)gridDim.x ? C : 0)) {
     int* off = p.plan + kPlanHeader;
     int* cut = off + sh.units + 1;
-    // A unit is cut when its first and last tiles lie in different shares.
-    auto is_cut = [&](int a, int n) { return n > 0 && block_of_tile(a, W, C) != block_of_tile(a + n - 1, W, C); };
+    // A unit is cut when its first and last tiles lie in different shares
+    // (its tiles: slots a + S .. a + S + n - 1, after its start slots).
+    auto is_cut = [&](int a, int n) {
+      return n > 0 && block_of_tile(a + S, W, C) != block_of_tile(a + S + n - 1, W, C);
+    };
     int n_mine = 0;
     for (int u = u0, a = first; u < u1; ++u) {
       const int n = unit_tiles(p, u);
       off[u] = a;
       n_mine += is_cut(a, n);
-      a += n;
+      a += slots_of(n, S);
     }
     int n_cut;
     int k = block_exclusive_sum<kBlockThreads>(n_mine, words, n_cut);  // my run's first entry in the list of cut units
@@ -622,11 +661,11 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
       const int n = unit_tiles(p, u);
       if (is_cut(a, n)) {
         cut[3 * k] = u;
-        cut[3 * k + 1] = block_of_tile(a, W, C);
-        cut[3 * k + 2] = block_of_tile(a + n - 1, W, C);
+        cut[3 * k + 1] = block_of_tile(a + S, W, C);
+        cut[3 * k + 2] = block_of_tile(a + S + n - 1, W, C);
         ++k;
       }
-      a += n;
+      a += slots_of(n, S);
     }
     if (tid == 0) {
       off[sh.units] = W;
@@ -2707,7 +2746,7 @@ __global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const Mla
   const Shape sh = shape_in(p, true);
   Cursor cur;
   int C;
-  plan_share<kSeeThreads>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
+  plan_share<kSeeThreads, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
   seesaw(p, sh, cur, smem, kv);
   launch_dependents();

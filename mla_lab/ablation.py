@@ -80,6 +80,11 @@ stood before (slower: the chunks land later), and ``seesaw_cross_boxes``
 (``-DMLA_HOPPER_COPY_BOXES=1``) copies a tile's chunks 0..3 and 4..7 in one
 four-dimensional box each, on one barrier a group (the op's seesaw kernel is
 this build's, instruction for instruction); each has a timeline build.
+``even_starts`` (``-DMLA_HOPPER_UNIT_START_TILES=0`` on top of
+``seesaw_cross_boxes``) is the op's seesaw with its scheduler as first
+written: every slot of the plan a tile, where the op gives each unit's start
+three slots ahead of its tiles (a share that starts many short units then
+gets fewer tiles).  Its answers are right.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -173,6 +178,9 @@ SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
 # of a box of four chunks, counted on one barrier (-DMLA_HOPPER_COPY_BOXES=1; the op's seesaw), and its timeline.
 SEESAW_CROSS_BOXES = "seesaw_cross_boxes"
 SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
+# The op's seesaw with every slot of the plan a tile, as first written (-DMLA_HOPPER_UNIT_START_TILES=0): a unit's
+# start takes no slots, so a share that starts many short units gets as many tiles as one inside a long unit.
+EVEN_STARTS = "even_starts"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -222,6 +230,7 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_BEHIND_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BEHIND=1", "-DMLA_HOPPER_TIMELINE=1"],
           SEESAW_CROSS_BOXES: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1"],
           SEESAW_CROSS_BOXES_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_TIMELINE=1"],
+          EVEN_STARTS: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_UNIT_START_TILES=0"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],

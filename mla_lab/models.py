@@ -355,9 +355,14 @@ class HopperPlan:
 
     A unit is (stream, group of up to 80 pairs); its tiles are its stream's
     64-key tiles.  Units are numbered group by group (``u = group * streams +
-    stream``) and all tiles unit by unit; block ``c`` of the ``blocks`` that
-    get a share takes tiles ``[start(c), start(c + 1))`` with
-    ``start(c) = c * W // blocks``, so shares differ by at most one tile.
+    stream``) and all slots unit by unit: a unit with tiles has
+    ``start_slots`` slots for its start (its Q, its first tiles' round trip,
+    its output), then one slot a tile; a unit without tiles has none.  Block
+    ``c`` of the ``blocks`` that get a share takes slots ``[start(c), start(c +
+    1))`` with ``start(c) = c * W // blocks``, so shares differ by at most one
+    slot, and a share that starts more units gets fewer tiles.  Only the
+    seesaw counts starts (``start_slots`` > 0, see
+    :func:`mla_lab.stages.hopper_unit_start_slots`); elsewhere a slot is a tile.
 
     When there are no more groups than blocks, ``blocks`` is a multiple of the
     groups where that keeps at least 15/16 of them: every group's tiles are then
@@ -368,9 +373,10 @@ class HopperPlan:
 
     groups: int  # pair groups per stream
     per_group: int  # pairs per group (the last may have fewer)
-    offsets: tuple[int, ...]  # first tile of each unit, then W
+    offsets: tuple[int, ...]  # first slot of each unit, then W
     blocks: int  # blocks that get a share (0 when there is no tile at all)
     streams: int = 1
+    start_slots: int = 0  # slots a unit's start takes before its tiles
 
     def stream_of(self, u: int) -> int:
         return u % self.streams
@@ -379,48 +385,68 @@ class HopperPlan:
         return u // self.streams
 
     @property
-    def total_tiles(self) -> int:
+    def total_slots(self) -> int:
+        """W: the slots of all units, which the shares divide."""
         return self.offsets[-1]
 
+    @property
+    def total_tiles(self) -> int:
+        return sum(self.tiles(u) for u in range(len(self.offsets) - 1))
+
+    def tiles(self, u: int) -> int:
+        """Unit u's key tiles."""
+        slots = self.offsets[u + 1] - self.offsets[u]
+        return slots - self.start_slots if slots else 0
+
+    def first_tile(self, u: int) -> int:
+        """The slot of unit u's tile 0 (after its start slots)."""
+        return self.offsets[u] + self.start_slots
+
     def start(self, c: int) -> int:
-        return c * self.total_tiles // self.blocks
+        return c * self.total_slots // self.blocks
 
     def block_of_tile(self, x: int) -> int:
-        return ((x + 1) * self.blocks + self.total_tiles - 1) // self.total_tiles - 1
+        """The block whose share holds slot x."""
+        return ((x + 1) * self.blocks + self.total_slots - 1) // self.total_slots - 1
 
     def share(self, c: int) -> list[tuple[int, int, int]]:
-        """Block c's pieces: (unit, first tile, end tile) in unit-local tile numbers."""
+        """Block c's pieces: (unit, first tile, end tile) in unit-local tile numbers.  A share that ends in a
+        unit's start slots leaves that unit to the next block."""
         x, end, out = self.start(c), self.start(c + 1), []
         u = 0
         while x < end:
             while self.offsets[u + 1] <= x:
                 u += 1
-            t0, t1 = x - self.offsets[u], min(end, self.offsets[u + 1]) - self.offsets[u]
+            first, n = self.first_tile(u), self.tiles(u)
+            t0, t1 = max(x, first) - first, min(end, first + n) - first
+            if t1 <= t0:
+                break
             out.append((u, t0, t1))
-            x = self.offsets[u] + t1
+            x = first + t1
         return out
 
     def cut_units(self) -> list[tuple[int, int, int]]:
         """(unit, first block, last block) of every unit whose tiles span two shares or more."""
         out = []
         for u in range(len(self.offsets) - 1):
-            a, b = self.offsets[u], self.offsets[u + 1]
-            if a == b or not self.blocks:
+            n = self.tiles(u)
+            if n == 0 or not self.blocks:
                 continue
-            c0, c1 = self.block_of_tile(a), self.block_of_tile(b - 1)
+            c0, c1 = self.block_of_tile(self.first_tile(u)), self.block_of_tile(self.first_tile(u) + n - 1)
             if c0 != c1:
                 out.append((u, c0, c1))
         return out
 
 
 def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None,
-                pairs_per_block: int | None = None) -> HopperPlan:
+                pairs_per_block: int | None = None, start_slots: int = 0) -> HopperPlan:
     """Stage 10's scheduler on the CPU (the same integer arithmetic as the main kernel's ``plan_share``).
 
     ``capacity`` is the block table's tokens per stream; a stream whose length
     is below ``q_len`` or above it gets no tiles (the kernel writes it NaN).
     ``pairs_per_block``: a unit's most pairs (the op's 80 by default; the
-    seesaw build's 64).
+    seesaw build's 64).  ``start_slots``: the slots a unit's start takes
+    (:func:`mla_lab.stages.hopper_unit_start_slots`; 0, every slot a tile, by default).
     """
     st = _stages.get("hopper")
     pairs = q_len * heads
@@ -432,14 +458,14 @@ def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int 
     for _ in range(groups):
         for n in tiles:
             offsets.append(run)
-            run += n
+            run += n + start_slots if n else 0
     offsets.append(run)
     # The aligned cut counts only the units with tiles, and asks that they all have stream 0's: streams of length 0
     # (a batch padded to a captured bucket ends with them) change no cut.
     filled = groups * sum(1 for n in tiles if n > 0)
     same = bool(tiles) and tiles[0] > 0 and all(n in (0, tiles[0]) for n in tiles)
     blocks = hopper_blocks(run, groups, max_blocks, units=filled, same_tiles=same)
-    return HopperPlan(groups, per_group, tuple(offsets), blocks, len(lens))
+    return HopperPlan(groups, per_group, tuple(offsets), blocks, len(lens), start_slots)
 
 
 def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | None = None,
@@ -548,12 +574,12 @@ def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p, cross=False):
     return torch.cat([o_left, o_right], dim=1), m, l_a + l_b
 
 
-def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_loop):
+def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_loop, start_slots=0):
     """Stage 10's plan, each block's share piece by piece (``tile_loop``), and the merge of the cut units."""
     B, T, H, _ = w.q.shape
     C = num_splits or 132
     capacity = w.block_table.shape[1] * w.kv_cache.shape[1]
-    plan = hopper_plan(w.kv_lens.tolist(), T, H, C, capacity, pairs_per_block)
+    plan = hopper_plan(w.kv_lens.tolist(), T, H, C, capacity, pairs_per_block, start_slots)
     out = torch.full((B, T, H, D_V), float("nan"))
     lse = torch.full((B, T, H), float("nan"))
     tr = Traffic()
@@ -572,7 +598,7 @@ def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_lo
             tr.add("q", BF16 * D_QK * len(prs))
             vis = torch.tensor([L - T + pr // H + 1 for pr in prs])
             acc, m, l = tile_loop(w, b, q, vis, range(t0, t1), tr, round_p)
-            whole = t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u]
+            whole = t0 == 0 and t1 == plan.tiles(u)
             for i, pr in enumerate(prs):
                 ln = (m[i] + torch.log2(l[i])) * math.log(2.0)
                 if whole:
@@ -621,9 +647,12 @@ def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = Tru
 def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True, cross: bool = False):
     """Stage 10's seesaw build (``-DMLA_HOPPER_SEESAW=1``) where it runs its own kernel (a stream's pairs fill
     tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says
-    (with ``cross``, in the crossed build's order, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same merge."""
+    (with ``cross``, in the crossed build's order, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same merge.  Where
+    the op would run it (:func:`mla_lab.stages.hopper_seesaw_pays`) a unit's start takes slots of the plan."""
+    B, T, H, _ = w.q.shape
+    S = _stages.hopper_unit_start_slots(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132)
     return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS,
-                             functools.partial(_seesaw_tiles, cross=cross))
+                             functools.partial(_seesaw_tiles, cross=cross), S)
 
 
 def seesaw_page_steps(page_size: int) -> tuple[int, int, int]:
@@ -686,7 +715,9 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | N
     if st.persistent:
         width = table_width if table_width is not None else max(p.pages_per_stream) + 1
         see = _stages.hopper_seesaw_pays(B, T, H, width, p.page_size, num_splits or 132)
-        plan = hopper_plan(p.kv_lens, T, H, num_splits or 132, pairs_per_block=SEESAW_PAIRS if see else None)
+        S = _stages.hopper_unit_start_slots(B, T, H, width, p.page_size, num_splits or 132)
+        plan = hopper_plan(p.kv_lens, T, H, num_splits or 132, pairs_per_block=SEESAW_PAIRS if see else None,
+                           start_slots=S)
         K = st.keys_per_tile
         n_pairs = [len(range(g * plan.per_group, min(T * H, (g + 1) * plan.per_group))) for g in range(plan.groups)]
         for c in range(plan.blocks):
@@ -696,7 +727,7 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | N
                 tr.add("q", BF16 * D_QK * n)
                 tr.add("block table", INT32 * keys)
                 tr.add("kv", BF16 * D_QK * keys)
-                if t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u]:
+                if t0 == 0 and t1 == plan.tiles(u):
                     tr.add("out", BF16 * D_V * n)
                     tr.add("lse", FP32 * n)
                 else:
@@ -704,7 +735,7 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | N
                     tr.add("partial lse", FP32 * n)
         for u, c0, c1 in plan.cut_units():
             g, L = plan.group_of(u), p.kv_lens[plan.stream_of(u)]
-            firsts = [max(plan.start(c), plan.offsets[u]) - plan.offsets[u] for c in range(c0, c1 + 1)]
+            firsts = [max(plan.start(c), plan.first_tile(u)) - plan.first_tile(u) for c in range(c0, c1 + 1)]
             for pr in range(g * plan.per_group, g * plan.per_group + n_pairs[g]):
                 visible = L - T + pr // H + 1  # a piece starting past the pair's last key left it nothing
                 tr.add("combine reads lse", FP32 * len(firsts))

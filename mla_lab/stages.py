@@ -214,6 +214,15 @@ def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, pag
             and units * hopper_table_tiles(max_pages, page_size) >= hopper_see_tiles_per_block(page_size) * splits)
 
 
+def hopper_unit_start_slots(streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
+                            splits: int) -> int:
+    """The slots of stage 10's plan a unit's start takes before its tiles (unit_start_slots): where the seesaw
+    runs (hopper_seesaw_pays), HOPPER_SEE_UNIT_START_TILES, what starting a unit costs it in tiles; elsewhere 0,
+    every slot a tile."""
+    pays = hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits)
+    return HOPPER_SEE_UNIT_START_TILES if pays else 0
+
+
 def hopper_see_tiles_per_block(page_size: int) -> int:
     """The seesaw's line in tiles a block (see_tiles_per_block): lower with pages of 64 keys or a multiple, where
     the seesaw copies a tile's chunks four at a time, than with pages of 16 or 32, where it copies them one by one."""
@@ -263,6 +272,7 @@ HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", 
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
 HOPPER_SEE_TILES_PER_BLOCK = 15  # kSeeTilesPerBlock: pages of 64 keys or a multiple
 HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES = 56  # kSeeTilesPerBlockSmallPages: pages of 16 or 32
+HOPPER_SEE_UNIT_START_TILES = 3  # kSeeUnitStartTiles: a unit's start in the seesaw's plan, in tiles
 HOPPER_ROWS_PAIRS = 64  # kRowsPairs: a seesaw unit's pairs, on wgmma's M
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups

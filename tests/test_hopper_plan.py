@@ -32,9 +32,14 @@ CASES = [
 ]
 
 
+# A unit's start slots: none (every slot a tile), and the seesaw's.
+START_SLOTS = [0, stages.HOPPER_SEE_UNIT_START_TILES]
+
+
+@pytest.mark.parametrize("S", START_SLOTS)
 @pytest.mark.parametrize("lens, T, H, C", CASES)
-def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
-    plan = hopper_plan(lens, T, H, C)
+def test_every_tile_once_and_shares_within_one_slot(lens, T, H, C, S):
+    plan = hopper_plan(lens, T, H, C, start_slots=S)
     groups = stages.hopper_groups(T, H)
     assert plan.groups == groups and plan.per_group <= stages.HOPPER_PAIRS_PER_BLOCK
     assert plan.per_group * groups >= T * H > plan.per_group * (groups - 1)
@@ -45,7 +50,7 @@ def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
     assert all(plan.stream_of(g * B + b) == b and plan.group_of(g * B + b) == g for g in range(groups) for b in range(B))
     sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
     assert max(sizes) - min(sizes) <= 1
-    most = min(C, -(-plan.total_tiles // stages.HOPPER_MIN_TILES_PER_BLOCK))
+    most = min(C, -(-plan.total_slots // stages.HOPPER_MIN_TILES_PER_BLOCK))
     units = groups * B
     if plan.blocks % units == 0 and plan.blocks <= most - groups:  # cut at whole units (test_equal_short_units_...)
         assert len(set(tiles)) == 1 and 8 * plan.blocks >= 7 * most
@@ -53,12 +58,14 @@ def test_every_tile_once_and_shares_within_one_tile(lens, T, H, C):
         assert plan.blocks % groups == 0 and most - groups < plan.blocks <= most
     else:  # (a multiple would leave more than a sixteenth of the blocks idle)
         assert plan.blocks == most
-    assert set(sizes) <= {plan.total_tiles // plan.blocks, -(-plan.total_tiles // plan.blocks)}
+    assert set(sizes) <= {plan.total_slots // plan.blocks, -(-plan.total_slots // plan.blocks)}
+    assert plan.total_slots == plan.total_tiles + S * sum(1 for u in range(units) if plan.tiles(u))
 
 
+@pytest.mark.parametrize("S", START_SLOTS)
 @pytest.mark.parametrize("lens, T, H, C", CASES)
-def test_cut_units_are_the_units_split_between_blocks(lens, T, H, C):
-    plan = hopper_plan(lens, T, H, C)
+def test_cut_units_are_the_units_split_between_blocks(lens, T, H, C, S):
+    plan = hopper_plan(lens, T, H, C, start_slots=S)
     owners = {}
     for c in range(plan.blocks):
         for u, t0, t1 in plan.share(c):
@@ -75,7 +82,36 @@ def test_cut_units_are_the_units_split_between_blocks(lens, T, H, C):
     for c in range(plan.blocks):
         pieces = plan.share(c)
         inner = pieces[1:-1]
-        assert all(t0 == 0 and t1 == plan.offsets[u + 1] - plan.offsets[u] for u, t0, t1 in inner)
+        assert all(t0 == 0 and t1 == plan.tiles(u) for u, t0, t1 in inner)
+    # The merge finds a cut unit's first piece in slot 1 of its first block exactly where that block's share
+    # starts before the unit's first slot (PieceRows): where it starts in the unit's start slots, the unit is
+    # the share's first.
+    for u, c0, _ in plan.cut_units():
+        first_of_share = plan.share(c0)[0][0] == u
+        assert first_of_share == (plan.start(c0) >= plan.offsets[u])
+
+
+@pytest.mark.parametrize("lens, T, H", [
+    ([65545] + [521] * 7, 9, 64),     # the mixed batch: 63 short units beside 9 long ones
+    ([65545] + [65] * 15, 16, 64),    # 16 streams, 15 of two tiles
+    ([9000, 10, 300, 64, 65, 2000, 1, 129], 9, 64),
+    ([16393] * 8, 9, 64),             # even: each start is one unit's
+])
+def test_a_share_that_starts_more_units_gets_fewer_tiles(lens, T, H):
+    """With start slots, every block's work counted as its tiles plus S for each unit it starts (a piece from a
+    unit's tile 0) differs from block to block by at most S + 1: a block whose share starts inside a unit pays that
+    start without a slot for it.  Without them, the shares that hold the short units' starts do the most work."""
+    S = stages.HOPPER_SEE_UNIT_START_TILES
+
+    def work(plan):
+        return [sum(t1 - t0 + S * (t0 == 0) for _, t0, t1 in plan.share(c)) for c in range(plan.blocks)]
+
+    weighted = work(hopper_plan(lens, T, H, 132, pairs_per_block=stages.HOPPER_ROWS_PAIRS, start_slots=S))
+    assert max(weighted) - min(weighted) <= S + 1
+    flat = work(hopper_plan(lens, T, H, 132, pairs_per_block=stages.HOPPER_ROWS_PAIRS))
+    assert max(weighted) <= max(flat)
+    if len(set(lens)) > 1:
+        assert max(weighted) < max(flat)  # mixed lengths: the weighted plan's longest block is shorter
 
 
 @pytest.mark.parametrize("lens, T, H, C", [c for c in CASES if 1 < stages.hopper_groups(c[1], c[2]) <= c[3]]
@@ -153,8 +189,28 @@ def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
     # Only the units with tiles count, and they must all have unit 0's (the model's `filled` and `same`).
     assert re.search(r"same = same && \(n == 0 \|\| n == tiles0\);", src)
     assert re.search(r"const bool same_tiles = one_stream \|\| __syncthreads_and\(same\) != 0;", src)
-    assert re.search(r"const int filled = !same_tiles \|\| tiles0 == 0 \? 0 : one_stream \? sh\.units : W / tiles0;", src)
-    assert re.search(r"C = blocks_with_share\(p, sh, W, filled, tiles0\);", src)
+    assert re.search(r"const int filled = !same_tiles \|\| tiles0 == 0 \? 0 : one_stream \? sh\.units : W / slots0;", src)
+    assert re.search(r"C = blocks_with_share\(p, sh, W, filled, slots0\);", src)
+
+
+def test_the_kernel_counts_a_units_start_as_the_model_does():
+    """The seesaw's start slots in the source: the constant, where they count (only in the seesaw's plan, only where
+    the op runs it), and a unit without tiles getting none."""
+    src = stage10_source()
+    assert re.search(rf"#define MLA_HOPPER_UNIT_START_TILES {stages.HOPPER_SEE_UNIT_START_TILES}\b", src)
+    assert re.search(r"return MLA_HOPPER_SEESAW && sh\.rows && seesaw_pays\(p\) \? kSeeUnitStartTiles : 0;", src)
+    assert re.search(r"return tiles > 0 \? tiles \+ start_slots : 0;", src)
+    assert re.search(r"const int S = kStartSlots \? unit_start_slots\(p, sh\) : 0;", src)
+    assert src.count("plan_share<kSeeThreads, true>(") == 1 and "plan_share<kThreads, true>" not in src
+    # The cut list names a unit's tiles, after its start slots.
+    assert re.search(r"block_of_tile\(a \+ S, W, C\) != block_of_tile\(a \+ S \+ n - 1, W, C\)", src)
+
+
+@pytest.mark.parametrize("B, T, H, pages, ps", [(1, 9, 64, 1025, 64), (8, 9, 64, 130, 64), (8, 9, 8, 1025, 64),
+                                                (1, 9, 64, 8, 64), (8, 16, 64, 4100, 16), (2, 9, 64, 2, 64)])
+def test_start_slots_only_where_the_seesaw_runs(B, T, H, pages, ps):
+    S = stages.hopper_unit_start_slots(B, T, H, pages, ps, 132)
+    assert S == (stages.HOPPER_SEE_UNIT_START_TILES if stages.hopper_seesaw_pays(B, T, H, pages, ps, 132) else 0)
 
 
 @pytest.mark.parametrize("lens, T, H, blocks", [
@@ -185,25 +241,27 @@ def test_invalid_streams_get_no_tiles():
     ([1033] * 8, 9, 8), ([16393], 9, 8), ([8192], 1, 128),  # the aligned cut: one stream, equal streams
     ([1033] * 7 + [1000], 16, 8), ([65545], 1, 128), ([16393, 3009], 9, 8), ([30009, 109], 9, 64),
 ])
-def test_streams_of_length_zero_change_no_cut(lens, T, H):
+@pytest.mark.parametrize("S", START_SLOTS)
+def test_streams_of_length_zero_change_no_cut(lens, T, H, S):
     """A batch padded to a captured bucket (streams of length 0 at its end) is cut as the batch alone:
     the same blocks, each with the same (stream, group, tiles) pieces, so the same partials and merges."""
     def pieces(plan):
         return [[(plan.stream_of(u), plan.group_of(u), t0, t1) for u, t0, t1 in plan.share(c)]
                 for c in range(plan.blocks)]
 
-    alone = hopper_plan(lens, T, H, 132)
+    alone = hopper_plan(lens, T, H, 132, start_slots=S)
     for pad in (1, 3, 8):
-        padded = hopper_plan(lens + [0] * pad, T, H, 132)
+        padded = hopper_plan(lens + [0] * pad, T, H, 132, start_slots=S)
         assert padded.blocks == alone.blocks and pieces(padded) == pieces(alone)
 
 
-def test_random_batches():
+@pytest.mark.parametrize("S", START_SLOTS)
+def test_random_batches(S):
     rng = random.Random(0)
     for _ in range(200):
         B, T, H, C = rng.randint(1, 16), rng.randint(1, 16), rng.choice([1, 2, 8, 64, 128]), rng.randint(1, 256)
-        lens = [rng.randint(T, 70000) for _ in range(B)]
-        plan = hopper_plan(lens, T, H, C)
+        lens = [rng.choice([rng.randint(T, 70000), rng.randint(T, 200)]) for _ in range(B)]
+        plan = hopper_plan(lens, T, H, C, start_slots=S)
         assert len(covered(plan)) == plan.total_tiles == plan.groups * sum(-(-L // K) for L in lens)
         sizes = [plan.start(c + 1) - plan.start(c) for c in range(plan.blocks)]
         assert max(sizes) - min(sizes) <= 1
