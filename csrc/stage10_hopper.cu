@@ -480,15 +480,19 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 // nothing to overlap it, and its output written at the end.  In the seesaw,
 // one stream of 65536 keys at 64 heads took 174 us alone on the H200 and 250
 // beside seven of 512 keys, whose 63 units fell eight or nine to a share:
-// about 7 us a start, 3 tiles of the long stream's shares.  Only the seesaw
-// counts them, and only where the op runs it (seesaw_pays: shares of 15
-// tiles or more, as far as the block table's width tells), where a few slots
-// move a share's end by a few tiles; the op's other kernels also run calls of
-// a tile or two a block, where a slot would be most of a share.  Units
-// without tiles get no slots, so a batch padded with empty streams is cut as
-// before.
+// about 7 us a start, 3 tiles of the long stream's shares.  Swept on the H200
+// (0, 1, 2, 3, 5, 8 slots; seven mixed batches of 9 to 16 streams at 64 and
+// 128 heads, eleven even or random ones), 5 was fastest or within 2% of it
+// everywhere: the mixed batch above 250 -> 198 us (3 slots: 209), the even one
+// of the same keys 197 -> 191.  FlashMLA's scheduler adds 5 blocks of 64 keys
+// to each stream's too.  Only the seesaw counts them, and only where the op
+// runs it (seesaw_pays: shares of 15 tiles or more, as far as the block
+// table's width tells), where a few slots move a share's end by a few tiles;
+// the op's other kernels also run calls of a tile or two a block, where a slot
+// would be most of a share.  Units without tiles get no slots, so a batch
+// padded with empty streams is cut as before.
 #ifndef MLA_HOPPER_UNIT_START_TILES
-#define MLA_HOPPER_UNIT_START_TILES 3  // 0: every slot a tile, as first written (the build even_starts)
+#define MLA_HOPPER_UNIT_START_TILES 5  // 0: every slot a tile, as first written (the build even_starts)
 #endif
 constexpr int kSeeUnitStartTiles = MLA_HOPPER_UNIT_START_TILES;
 __host__ __device__ inline int unit_start_slots(const MlaParams& p, const Shape& sh) {

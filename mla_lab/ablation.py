@@ -83,7 +83,7 @@ this build's, instruction for instruction); each has a timeline build.
 ``even_starts`` (``-DMLA_HOPPER_UNIT_START_TILES=0`` on top of
 ``seesaw_cross_boxes``) is the op's seesaw with its scheduler as first
 written: every slot of the plan a tile, where the op gives each unit's start
-three slots ahead of its tiles (a share that starts many short units then
+five slots ahead of its tiles (a share that starts many short units then
 gets fewer tiles).  Its answers are right.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
