@@ -378,7 +378,7 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 #define MLA_HOPPER_SEESAW_CROSS MLA_HOPPER_DISPATCH
 #endif
 // Four chunks in one copy (build seesaw_cross_boxes, and the op's seesaw: on
-// the H200 it took 0.89 to 0.96 of seesaw_cross_steps's time with pages of 64
+// the H200 it took 0.91 to 0.97 of seesaw_cross_steps's time with pages of 64
 // keys; crossed order only).  Without it the copier's lane arms a chunk's
 // barrier and issues its tensor copy, a few dozen instructions, for each of
 // the 18 chunks of a pair of tiles, while the three other warps of its
@@ -481,9 +481,10 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 // one stream of 65536 keys at 64 heads took 174 us alone on the H200 and 250
 // beside seven of 512 keys, whose 63 units fell eight or nine to a share:
 // about 7 us a start, 3 tiles of the long stream's shares.  Swept on the H200
-// (0, 1, 2, 3, 5, 8 slots; seven mixed batches of 9 to 16 streams at 64 and
-// 128 heads, eleven even or random ones), 5 was fastest or within 2% of it
-// everywhere: the mixed batch above 250 -> 198 us (3 slots: 209), the even one
+// (0, 1, 2, 3, 5, 8 slots; seven mixed batches of 8 to 16 streams at 64 and
+// 128 heads, twelve even or random ones), 5 was fastest or within 2% of it
+// everywhere but a short call (8 x 300 keys in a wide table: 37.8 us against
+// 8 slots' 36.1): the mixed batch above 250 -> 198 us (3 slots: 209), the even one
 // of the same keys 197 -> 191.  FlashMLA's scheduler adds 5 blocks of 64 keys
 // to each stream's too.  Only the seesaw counts them, and only where the op
 // runs it (seesaw_pays: shares of 15 tiles or more, as far as the block
@@ -563,7 +564,8 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_totals, int&
 // slots of all units are numbered in order (unit-major): a unit's start
 // slots, then its tiles.  The cursor knows the unit of its next slot and
 // that unit's first slot, and finds the units after it from kv_lens as it
-// goes; a share that ends in a unit's start slots leaves that unit to the next.  A whole warp calls next() at once; the counts
+// goes; a share that ends in a unit's start slots leaves that unit to the
+// next.  A whole warp calls next() at once; the counts
 // it reads from memory pass through a shuffle from lane 0, so the compiler
 // knows they are the same in every lane: the loops over a piece's tiles are
 // then not divergent, and their wgmmas are not serialised.
@@ -1451,10 +1453,73 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
 // of P): row0 = 16 warp + g and row0 + 8, s[4i + e] at column 8i + c + e of
 // row0 and s[4i + 2 + e] of row0 + 8 (c = 2 (lane % 4), e = 0, 1).
 
-// The scores of `tile` (acc) scaled into sc, base 2; the keys a row may not
-// see hidden (only in a stream's last tiles: the causal draft and its end);
-// and each row's maximum, over the quad that holds it.
-__device__ __forceinline__ void rows_scale_and_max(const float (&acc)[32], float (&sc)[32], int tile, int first_hidden,
+// The keys a row may not see hidden in sc (only in a stream's last tiles:
+// the causal draft and its end), and each row's maximum over the quad that
+// holds it, scaled to base 2.  The scores stay as the products left them: the
+// scale is positive, so the largest scaled score is the largest score scaled,
+// and rows_exponentiate folds the scale into one fused multiply-add a score.
+// (As first written, MLA_HOPPER_SOFTMAX_FMUL = 1, every score was multiplied
+// by the scale here and tested against its row's end in every tile; ptxas
+// made that test a select, not a branch, so a tile in the middle of a stream
+// paid for it too.  Chapter 10 measures the difference.)
+#ifndef MLA_HOPPER_SOFTMAX_FMUL
+#define MLA_HOPPER_SOFTMAX_FMUL 0
+#endif
+#if !MLA_HOPPER_SOFTMAX_FMUL
+__device__ __forceinline__ void rows_hide_and_max(const float (&acc)[32], float (&sc)[32], int tile, int first_hidden,
+                                                  int vis0, int vis1, int c, float scale_log2, float& mx0, float& mx1) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sc[i] = acc[i];
+  if ((tile + 1) * kKeysPerTile > first_hidden) {  // an edge tile: some row may not see some of its keys
+    const int key0 = tile * kKeysPerTile + c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = key0 + 8 * i + e;
+        sc[4 * i + e] = key < vis0 ? sc[4 * i + e] : -CUDART_INF_F;
+        sc[4 * i + 2 + e] = key < vis1 ? sc[4 * i + 2 + e] : -CUDART_INF_F;
+      }
+  }
+  // A tree, four levels deep where a chain would be sixteen (fmaxf is exact: any order gives the same).
+  float t0[8], t1[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    t0[i] = fmaxf(sc[4 * i], sc[4 * i + 1]);
+    t1[i] = fmaxf(sc[4 * i + 2], sc[4 * i + 3]);
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) {
+      t0[i] = fmaxf(t0[i], t0[i + w]);
+      t1[i] = fmaxf(t1[i], t1[i + w]);
+    }
+  mx0 = fmaxf(t0[0], __shfl_xor_sync(0xffffffffu, t0[0], 1));
+  mx1 = fmaxf(t1[0], __shfl_xor_sync(0xffffffffu, t1[0], 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * scale_log2;
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * scale_log2;
+}
+
+// P = 2^(sc scale_log2 - reference) as bf16 pairs (a register A operand of
+// P V), and this thread's part of its rows' sums (s0, s1).  A reference of
+// -inf (no key seen yet) subtracts nothing: those scores are -inf too, and P is 0.
+__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float scale_log2, float n0, float n1,
+                                                  uint32_t (&pk)[16], float& s0, float& s1) {
+  const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
+  s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float p0 = exp2f(fmaf(sc[4 * i], scale_log2, -u0)), p1 = exp2f(fmaf(sc[4 * i + 1], scale_log2, -u0));
+    const float p2 = exp2f(fmaf(sc[4 * i + 2], scale_log2, -u1)), p3 = exp2f(fmaf(sc[4 * i + 3], scale_log2, -u1));
+    pk[2 * i] = pack_bf16x2(p0, p1);
+    pk[2 * i + 1] = pack_bf16x2(p2, p3);
+    s0 += p0 + p1;
+    s1 += p2 + p3;
+  }
+}
+#else  // as first written (the build softmax_fmul): the scores scaled into sc, base 2, and hidden in every tile
+__device__ __forceinline__ void rows_hide_and_max(const float (&acc)[32], float (&sc)[32], int tile, int first_hidden,
                                                    int vis0, int vis1, int c, float scale_log2, float& mx0,
                                                    float& mx1) {
   const bool edge = (tile + 1) * kKeysPerTile > first_hidden;
@@ -1481,11 +1546,11 @@ __device__ __forceinline__ void rows_scale_and_max(const float (&acc)[32], float
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
 }
 
-// P = 2^(sc - reference) as bf16 pairs (a register A operand of P V), and
+// P = 2^(sc - reference), sc scaled already as bf16 pairs (a register A operand of P V), and
 // this thread's part of its rows' sums (s0, s1).  A reference of -inf (no key
 // seen yet) subtracts nothing: those scores are -inf too, and P is 0.
-__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float n0, float n1, uint32_t (&pk)[16],
-                                                  float& s0, float& s1) {
+__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float /* scale: applied */, float n0, float n1,
+                                                  uint32_t (&pk)[16], float& s0, float& s1) {
   const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
   s0 = 0.f, s1 = 0.f;
 #pragma unroll
@@ -1498,6 +1563,8 @@ __device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float n
     s1 += p2 + p3;
   }
 }
+
+#endif  // MLA_HOPPER_SOFTMAX_FMUL
 
 // O (a warpgroup's 256 dims of its 64 rows) times f0 on row0, f1 on row0 + 8:
 // only where no product of the warpgroup is in flight, and fenced, so that no
@@ -1633,13 +1700,13 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
     float l0 = 0.f, l1 = 0.f;  // this thread's part of their sums over this warpgroup's tiles
     const int first_hidden = kv_len - p.q_len + 1;
 
-    // Scale the scores of `tile`, hide the keys a row may not see, move the
+    // Hide the keys of `tile` a row may not see, move the
     // references where a score passes them by 2^8, and make P (bf16 pairs,
     // as a register A operand) and this thread's part of the sums.
     auto softmax = [&](const float (&acc)[32], int tile, float& a0, float& a1, uint32_t (&pk)[16]) {
       float mx0, mx1;
-      float sc[32];  // the scaled scores (the accumulators are only read: see pv_regs)
-      rows_scale_and_max(acc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
+      float sc[32];  // the scores, hidden keys at -inf (the accumulators are only read: see pv_regs)
+      rows_hide_and_max(acc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
       const float n0 = mx0 > m0 + kRescaleLog2 ? mx0 : m0;  // -inf + 8 is -inf: a first key always moves it
       const float n1 = mx1 > m1 + kRescaleLog2 ? mx1 : m1;
       a0 = n0 == m0 ? 1.f : exp2f(m0 - n0);
@@ -1647,7 +1714,7 @@ __device__ void compute_rows(const MlaParams& p, const Shape& sh, Cursor cur, un
       m0 = n0;
       m1 = n1;
       float s0, s1;
-      rows_exponentiate(sc, m0, m1, pk, s0, s1);
+      rows_exponentiate(sc, scale_log2, m0, m1, pk, s0, s1);
       l0 = l0 * a0 + s0;
       l1 = l1 * a1 + s1;
     };
@@ -2187,12 +2254,12 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     float l0 = 0.f, l1 = 0.f;  // this thread's part of its rows' sums over this warpgroup's tiles
     const int first_hidden = kv_len - p.q_len + 1;  // the first key some row may not see (the causal draft)
 
-    // The scores of `tile`, scaled and hidden where a row may not see them, and each row's maximum.
+    // The scores of `tile` hidden where a row may not see them, and each row's maximum (scaled).
     auto row_max = [&](float (&sc)[32], int tile, float& mx0, float& mx1) {
-      rows_scale_and_max(sc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
+      rows_hide_and_max(sc, sc, tile, first_hidden, vis0, vis1, c, scale_log2, mx0, mx1);
     };
     auto exponentiate = [&](const float (&sc)[32], float n0, float n1, uint32_t (&pk)[16], float& s0, float& s1) {
-      rows_exponentiate(sc, n0, n1, pk, s0, s1);
+      rows_exponentiate(sc, scale_log2, n0, n1, pk, s0, s1);
     };
     // The reference moves only where a score passes it by 2^8 (-inf + 8 is -inf: a first key always moves it).
     auto moved = [](float mx, float m) { return mx > m + kRescaleLog2 ? mx : m; };

@@ -84,7 +84,13 @@ this build's, instruction for instruction); each has a timeline build.
 ``seesaw_cross_boxes``) is the op's seesaw with its scheduler as first
 written: every slot of the plan a tile, where the op gives each unit's start
 five slots ahead of its tiles (a share that starts many short units then
-gets fewer tiles).  Its answers are right.
+gets fewer tiles).  Its answers are right.  ``softmax_fmul``
+(``-DMLA_HOPPER_SOFTMAX_FMUL=1`` on top of ``seesaw_cross_boxes``) is the op's
+seesaw with its softmax as first written: every score multiplied by the scale,
+and tested against its row's end in every tile (ptxas made the test selects),
+where the op's tests only a stream's edge tiles, behind a branch, and folds the
+scale into the exponent's one fused multiply-add.  Its answers are right, and
+not the op's bits; ``softmax_fmul_timeline`` stamps it.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -181,6 +187,10 @@ SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
 # The op's seesaw with every slot of the plan a tile, as first written (-DMLA_HOPPER_UNIT_START_TILES=0): a unit's
 # start takes no slots, so a share that starts many short units gets as many tiles as one inside a long unit.
 EVEN_STARTS = "even_starts"
+# The op's seesaw with its softmax as first written (-DMLA_HOPPER_SOFTMAX_FMUL=1): each score scaled by a multiply and
+# hidden by a select in every tile, where the op hides only in a stream's edge tiles and scales inside the exponent.
+SOFTMAX_FMUL = "softmax_fmul"
+SOFTMAX_FMUL_TIMELINE = "softmax_fmul_timeline"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -231,6 +241,9 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_BOXES: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1"],
           SEESAW_CROSS_BOXES_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_TIMELINE=1"],
           EVEN_STARTS: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_UNIT_START_TILES=0"],
+          SOFTMAX_FMUL: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1"],
+          SOFTMAX_FMUL_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1",
+                                                 "-DMLA_HOPPER_TIMELINE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
@@ -249,7 +262,8 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
 NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
 # The builds that stamp a tile's timeline (timeline() reads them).
 STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE,
-            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE, SEESAW_CROSS_BOXES_TIMELINE)
+            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE, SEESAW_CROSS_BOXES_TIMELINE,
+            SOFTMAX_FMUL_TIMELINE)
 # What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")

@@ -298,6 +298,30 @@ def test_the_boxes_build_copies_a_pair_of_tiles_in_six_copies():
     assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
 
 
+def test_the_softmax_fmul_build_scales_and_hides_every_score_in_every_tile():
+    """softmax_fmul: the four-chunk seesaw with its softmax as first written.  The same products, copies and waits;
+    each warpgroup's softmax multiplies its 32 scores by the scale (the op folds the scale into the exponent's fused
+    multiply-add, and keeps the subtraction there), and the op's hiding of keys past a row's end sits behind a
+    branch: the build's selects run in every tile, in line."""
+    from mla_lab.chapter_display import count_opcodes, instruction_mix
+
+    fmul, boxes = ablation.SOFTMAX_FMUL, ablation.SEESAW_CROSS_BOXES
+    assert ablation.main_kernel(fmul) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(fmul)) == set(ablation.build_defines(boxes)) | {"-DMLA_HOPPER_SOFTMAX_FMUL=1"}
+    assert ablation.hgmma_shapes(fmul) == ablation.hgmma_shapes(boxes)
+    f, b = ablation.sass_counts(fmul), ablation.sass_counts(boxes)
+    assert (f["HGMMA"], f["UTMALDG"], f["WAIT"]) == (b["HGMMA"], b["UTMALDG"], b["WAIT"])
+    fm, bm = instruction_mix(ablation.main_sass(fmul)), instruction_mix(ablation.main_sass(boxes))
+    # two softmaxes in the loop (one a warpgroup), 32 scores each: at least 64 multiplies and subtractions fewer
+    assert count_opcodes(fm, "FMUL") - count_opcodes(bm, "FMUL") >= 60
+    assert count_opcodes(fm, "FADD") - count_opcodes(bm, "FADD") >= 60
+    assert count_opcodes(bm, "FFMA") - count_opcodes(fm, "FFMA") >= 60
+    assert count_opcodes(bm, "MUFU.EX2") == count_opcodes(fm, "MUFU.EX2")
+    assert ablation.SOFTMAX_FMUL_TIMELINE in ablation.STAMPING and fmul not in ablation.STAMPING
+    tl = ablation.sass_counts(ablation.SOFTMAX_FMUL_TIMELINE)
+    assert (tl["HGMMA"], tl["UTMALDG"], tl["WAIT"]) == (f["HGMMA"], f["UTMALDG"], f["WAIT"])
+
+
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
     import numpy as np
 
@@ -583,7 +607,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
-                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES]
+                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES, ablation.SOFTMAX_FMUL]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [
@@ -684,7 +708,7 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, b
 @sm90_only
 @pytest.mark.parametrize("build", [ablation.SEESAW_TIMELINE, ablation.SEESAW_CROSS_TIMELINE,
                                    ablation.SEESAW_CROSS_STEPS_TIMELINE, ablation.SEESAW_CROSS_BEHIND_TIMELINE,
-                                   ablation.SEESAW_CROSS_BOXES_TIMELINE])
+                                   ablation.SEESAW_CROSS_BOXES_TIMELINE, ablation.SOFTMAX_FMUL_TIMELINE])
 def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
     from mla_lab.reference import reference_attention
     from mla_lab.verify import compare
