@@ -88,7 +88,7 @@ gets fewer tiles).  Its answers are right.  ``softmax_fmul``
 (``-DMLA_HOPPER_SOFTMAX_FMUL=1`` on top of ``seesaw_cross_boxes``) is the op's
 seesaw with its softmax as first written: every score multiplied by the scale,
 and tested against its row's end in every tile (ptxas made the test selects),
-where the op's tests only a stream's edge tiles, behind a branch, and folds the
+where the op tests only a stream's edge tiles, behind a branch, and folds the
 scale into the exponent's one fused multiply-add.  Its answers are right, and
 not the op's bits; ``softmax_fmul_timeline`` stamps it.
 
