@@ -460,9 +460,27 @@ __host__ __device__ inline Shape shape_of(const MlaParams& p) {
 // The slots of all units are numbered in order (unit-major); block c of the
 // C that get a share takes slots [start(c), start(c + 1)).
 __device__ __forceinline__ int share_start(int c, int W, int C) { return (int)((int64_t)c * W / C); }
-// The block whose share holds slot x.
+// The share whose slots hold slot x.
 __device__ __forceinline__ int block_of_tile(int x, int W, int C) {
   return (int)(((int64_t)(x + 1) * C + W - 1) / W) - 1;
+}
+
+// Which share block `cta` takes.  Where C is a multiple of the groups, every
+// group's slots are cut at the same keys, and shares k, k + C/G, k + 2 C/G, ...
+// read the same keys at the same time, each for its own group.  The seesaw
+// gives those shares to neighbouring blocks (cta = G k + g takes share
+// (C/G) g + k), as FlashMLA's grid does with its query blocks: reads of the same
+// lines from neighbouring SMs, close together in time, then reach L2 as
+// fewer requests (on the H200 the main kernel's L2 sectors at 8 x 9 x 64 halved;
+// chapter 10 measures what that is worth).  With MLA_HOPPER_SHARES_APART = 1
+// (the build shares_apart) block c takes share c, as first written: the same
+// keys' shares C/G blocks apart.  The other kernels keep share c on block c.
+#ifndef MLA_HOPPER_SHARES_APART
+#define MLA_HOPPER_SHARES_APART 0
+#endif
+__device__ __forceinline__ int share_of_block(int cta, int C, int groups) {
+  const bool aligned = !MLA_HOPPER_SHARES_APART && groups > 1 && C > groups && C % groups == 0 && cta < C;
+  return aligned ? (cta % groups) * (C / groups) + cta / groups : cta;
 }
 
 // ---- the scheduler: every block's prologue ---------------------------------------
@@ -575,6 +593,7 @@ struct Cursor {
   int start;        // its first slot
   int start_slots;  // a unit's start slots (unit_start_slots)
   int tiles;        // after next(): all the tiles of the unit it returned
+  int share;        // the block's share: which of the C it takes (its partial results' slots)
   __device__ bool next(const MlaParams& p, int& u, int& t0, int& t1) {
     if (x >= end) return false;
     int n = __shfl_sync(0xffffffffu, unit_tiles(p, unit), 0);
@@ -605,8 +624,8 @@ struct Cursor {
 // (kBlockThreads: the block's threads, 384 in the op's kernels, 256 in the
 // seesaw's; kStartSlots: whether a unit's start takes slots, only in the
 // seesaw's, so that the other kernels' cursors know theirs are 0 and keep no
-// register for them.)
-template <int kBlockThreads = kThreads, bool kStartSlots = false>
+// register for them; kSameKeysAdjacent: share_of_block's order, the seesaw's.)
+template <int kBlockThreads = kThreads, bool kStartSlots = false, bool kSameKeysAdjacent = false>
 __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int per_thread = (sh.units + kBlockThreads - 1) / kBlockThreads;
@@ -629,8 +648,9 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   // The units with tiles, where they all have unit 0's (so unit 0 has some).
   const int filled = !same_tiles || tiles0 == 0 ? 0 : one_stream ? sh.units : W / slots0;
   C = blocks_with_share(p, sh, W, filled, slots0);
-  cur.x = share_start(cta, W, C);
-  cur.end = share_start(cta + 1, W, C);
+  cur.share = kSameKeysAdjacent ? share_of_block(cta, C, sh.groups) : cta;
+  cur.x = share_start(cur.share, W, C);
+  cur.end = share_start(cur.share + 1, W, C);
   cur.start_slots = S;
   if (cta < C && first <= cur.x && cur.x < first + mine) {  // my run holds the share's first slot
     int u = u0, a = first;
@@ -696,6 +716,7 @@ __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Curs
   cur.start = __shfl_sync(0xffffffffu, words[kBlockThreads / 32 + 1], 0);
   cur.x = __shfl_sync(0xffffffffu, cur.x, 0);
   cur.end = __shfl_sync(0xffffffffu, cur.end, 0);
+  cur.share = __shfl_sync(0xffffffffu, cur.share, 0);
   C = __shfl_sync(0xffffffffu, C, 0);
 }
 
@@ -1501,23 +1522,8 @@ __device__ __forceinline__ void rows_hide_and_max(const float (&acc)[32], float 
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * scale_log2;
 }
 
-// P = 2^(sc scale_log2 - reference) as bf16 pairs (a register A operand of
-// P V), and this thread's part of its rows' sums (s0, s1).  A reference of
-// -inf (no key seen yet) subtracts nothing: those scores are -inf too, and P is 0.
-__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float scale_log2, float n0, float n1,
-                                                  uint32_t (&pk)[16], float& s0, float& s1) {
-  const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
-  s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float p0 = exp2f(fmaf(sc[4 * i], scale_log2, -u0)), p1 = exp2f(fmaf(sc[4 * i + 1], scale_log2, -u0));
-    const float p2 = exp2f(fmaf(sc[4 * i + 2], scale_log2, -u1)), p3 = exp2f(fmaf(sc[4 * i + 3], scale_log2, -u1));
-    pk[2 * i] = pack_bf16x2(p0, p1);
-    pk[2 * i + 1] = pack_bf16x2(p2, p3);
-    s0 += p0 + p1;
-    s1 += p2 + p3;
-  }
-}
+// A score's exponent, base 2, against its row's reference u: one FFMA.
+__device__ __forceinline__ float rows_exponent(float s, float scale_log2, float u) { return fmaf(s, scale_log2, -u); }
 #else  // as first written (the build softmax_fmul): the scores scaled into sc, base 2, and hidden in every tile
 __device__ __forceinline__ void rows_hide_and_max(const float (&acc)[32], float (&sc)[32], int tile, int first_hidden,
                                                    int vis0, int vis1, int c, float scale_log2, float& mx0,
@@ -1546,25 +1552,29 @@ __device__ __forceinline__ void rows_hide_and_max(const float (&acc)[32], float 
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
 }
 
-// P = 2^(sc - reference), sc scaled already as bf16 pairs (a register A operand of P V), and
-// this thread's part of its rows' sums (s0, s1).  A reference of -inf (no key
-// seen yet) subtracts nothing: those scores are -inf too, and P is 0.
-__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float /* scale: applied */, float n0, float n1,
+// A score's exponent against its row's reference u: the score was scaled already, in rows_hide_and_max.
+__device__ __forceinline__ float rows_exponent(float s, float /* scale: applied */, float u) { return s - u; }
+#endif  // MLA_HOPPER_SOFTMAX_FMUL
+
+// P = 2^(each score's exponent) as bf16 pairs (a register A operand of
+// P V), and this thread's part of its rows' sums (s0, s1).  A reference of
+// -inf (no key seen yet) subtracts nothing: those scores are -inf too, and P is 0.
+__device__ __forceinline__ void rows_exponentiate(const float (&sc)[32], float scale_log2, float n0, float n1,
                                                   uint32_t (&pk)[16], float& s0, float& s1) {
   const float u0 = n0 == -CUDART_INF_F ? 0.f : n0, u1 = n1 == -CUDART_INF_F ? 0.f : n1;
   s0 = 0.f, s1 = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float p0 = exp2f(sc[4 * i] - u0), p1 = exp2f(sc[4 * i + 1] - u0);
-    const float p2 = exp2f(sc[4 * i + 2] - u1), p3 = exp2f(sc[4 * i + 3] - u1);
+    const float p0 = exp2f(rows_exponent(sc[4 * i], scale_log2, u0));
+    const float p1 = exp2f(rows_exponent(sc[4 * i + 1], scale_log2, u0));
+    const float p2 = exp2f(rows_exponent(sc[4 * i + 2], scale_log2, u1));
+    const float p3 = exp2f(rows_exponent(sc[4 * i + 3], scale_log2, u1));
     pk[2 * i] = pack_bf16x2(p0, p1);
     pk[2 * i + 1] = pack_bf16x2(p2, p3);
     s0 += p0 + p1;
     s1 += p2 + p3;
   }
 }
-
-#endif  // MLA_HOPPER_SOFTMAX_FMUL
 
 // O (a warpgroup's 256 dims of its 64 rows) times f0 on row0, f1 on row0 + 8:
 // only where no product of the warpgroup is in flight, and fenced, so that no
@@ -1980,6 +1990,7 @@ __device__ __forceinline__ PageSteps page_steps(const MlaParams& p, int box_keys
 #ifndef MLA_HOPPER_COPY_BEHIND
 #define MLA_HOPPER_COPY_BEHIND 0
 #endif
+
 // A tile's pages from the block-table entries of its first `boxes` boxes
 // (`entries`: the table's, or the copies of them in the ring): a box holds
 // keys of the stream or is not copied, and a page outside the pool stands as 0.
@@ -2630,7 +2641,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     // whole lines); cut -> this block's partial slot (its dims, 32-byte sectors).
     const bool whole = t0 == 0 && t1 == unit_tiles(p, u);
     const int slot = u == first_share_unit ? 0 : 1;
-    const int64_t part_row0 = ((int64_t)blockIdx.x * 2 + slot) * kPairsPerBlock;
+    const int64_t part_row0 = ((int64_t)cur.share * 2 + slot) * kPairsPerBlock;
     const int dim0 = 256 * wg + c;
     if (whole) {
 #pragma unroll
@@ -2817,7 +2828,7 @@ __global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const Mla
   const Shape sh = shape_in(p, true);
   Cursor cur;
   int C;
-  plan_share<kSeeThreads, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
+  plan_share<kSeeThreads, true, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
   seesaw(p, sh, cur, smem, kv);
   launch_dependents();

@@ -90,7 +90,12 @@ seesaw with its softmax as first written: every score multiplied by the scale,
 and tested against its row's end in every tile (ptxas made the test selects),
 where the op tests only a stream's edge tiles, behind a branch, and folds the
 scale into the exponent's one fused multiply-add.  Its answers are right, and
-not the op's bits; ``softmax_fmul_timeline`` stamps it.
+not the op's bits; ``softmax_fmul_timeline`` stamps it.  ``shares_apart``
+(``-DMLA_HOPPER_SHARES_APART=1`` on top of ``seesaw_cross_boxes``) is the op's
+seesaw with its blocks in the order first written: block c takes share c, so
+the groups' shares that read the same keys at the same time sit C/G blocks
+apart, where the op gives them neighbouring blocks.  The same work, the op's
+bits.
 
 ``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
 a tile's work: a compute warpgroup issues the next tile's scores right behind
@@ -191,6 +196,9 @@ EVEN_STARTS = "even_starts"
 # hidden by a select in every tile, where the op hides only in a stream's edge tiles and scales inside the exponent.
 SOFTMAX_FMUL = "softmax_fmul"
 SOFTMAX_FMUL_TIMELINE = "softmax_fmul_timeline"
+# The op's seesaw with block c taking share c, as first written (-DMLA_HOPPER_SHARES_APART=1): the groups' shares that
+# read the same keys C/G blocks apart, where the op puts them on neighbouring blocks.
+SHARES_APART = "shares_apart"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -244,6 +252,7 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SOFTMAX_FMUL: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1"],
           SOFTMAX_FMUL_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1",
                                                  "-DMLA_HOPPER_TIMELINE=1"],
+          SHARES_APART: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SHARES_APART=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],

@@ -409,6 +409,16 @@ class HopperPlan:
         """The block whose share holds slot x."""
         return ((x + 1) * self.blocks + self.total_slots - 1) // self.total_slots - 1
 
+    def share_of_block(self, cta: int) -> int:
+        """The share the seesaw's block ``cta`` takes (``share_of_block`` in the stage file).  Where the blocks are a
+        multiple of the groups, the groups' shares that read the same keys (``k``, ``k + blocks / groups``, ...) go
+        to neighbouring blocks, ``groups * k + g`` taking ``(blocks / groups) * g + k``; elsewhere block c takes
+        share c, as the op's other kernels always do."""
+        G, C = self.groups, self.blocks
+        if G > 1 and C > G and C % G == 0 and cta < C:
+            return (cta % G) * (C // G) + cta // G
+        return cta
+
     def share(self, c: int) -> list[tuple[int, int, int]]:
         """Block c's pieces: (unit, first tile, end tile) in unit-local tile numbers.  A share that ends in a
         unit's start slots leaves that unit to the next block."""

@@ -22,7 +22,8 @@
 #             results/profiles/.  Stage 10's loaders alone, for example:
 #               PROFILE="hopper 8 9 64 16384 --page-size 64 --build tma_no_math" PROFILE_KERNEL=hopper_kernel \
 #               PROFILE_NAME=loader-tma-no_math bash scripts/gpu_session.sh profile
-#             The report also holds the warps' stall samples by reason (smsp__pcsamp_warps_issue_stalled_*).
+#             The report also holds the warps' stall samples by reason (smsp__pcsamp_warps_issue_stalled_*)
+#             and the L2 side: the sectors the SMs asked for, and those the L2 request coalescer merged.
 #             FlashMLA on the same workload: PROFILE="hopper 8 9 64 16384 --page-size 64 --peer flashmla"
 #             PROFILE_KERNEL=flash_fwd_splitkv_mla PROFILE_NAME=flashmla
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
@@ -97,14 +98,18 @@ for s in "${steps[@]}"; do
       gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       report="results/profiles/$gpu-${PROFILE_NAME:-$pstage}-B$pB-T$pT-H$pH-$pprefix.txt"
       mkdir -p results/profiles
+      # the L2 side: sectors the SMs asked L2 for, those that hit, and the read sectors that left the L2 request
+      # coalescer (LRC) merged with others
+      L2_METRICS=lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lrc__lrc2xbar_sectors_op_read.sum
+      L2_METRICS=$L2_METRICS,lrc__lrc2xbar_sectors_op_read_coalescing_achieved.sum
       # the first two calls warm up; the third is the one measured
       # --clock-control none: the GPU's clocks as the timings saw them (ncu would lock them lower)
       ncu --clock-control none --target-processes all -k "regex:${PROFILE_KERNEL:-$pstage}" --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section SchedulerStats --section WarpStateStats --section Occupancy \
-          --metrics "regex:^smsp__pcsamp_warps_issue_stalled_[a-z_]+$" \
+          --metrics "regex:^smsp__pcsamp_warps_issue_stalled_[a-z_]+$,$L2_METRICS" \
           $MLA profile-target "$pstage" "$pB" "$pT" "$pH" "$pprefix" --calls 3 $pextra 2>&1 | grep -v '^==PROF==' > "$report"
-      grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps" "$report" ;;
+      grep -E "Duration|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Active Warps|lts__t_sectors_srcunit_tex.sum" "$report" ;;
     *) echo "unknown step $s (the steps are listed at the top of scripts/gpu_session.sh)" ;;
   esac
 done

@@ -131,6 +131,37 @@ def test_every_group_is_cut_at_the_same_keys(lens, T, H, C):
     assert all(plan.group_of(u) == c // k for c in range(plan.blocks) for u, _, _ in plan.share(c))
 
 
+@pytest.mark.parametrize("lens, T, H, C", [c for c in CASES if 1 < stages.hopper_groups(c[1], c[2]) <= c[3]]
+                         + [([16393] * 8, 9, 64, 132), ([9000, 10, 300, 64, 65, 2000, 1, 129], 16, 16, 132)])
+def test_the_seesaws_blocks_that_read_the_same_keys_are_neighbours(lens, T, H, C):
+    """The seesaw's order: every share taken by exactly one block, and each run of `groups` neighbouring blocks
+    takes one share of each group, all starting at the same keys of the same stream."""
+    plan = hopper_plan(lens, T, H, C, pairs_per_block=64)
+    G = plan.groups
+    if plan.blocks % G or plan.blocks <= G:
+        pytest.skip("no aligned cut: block c takes share c")
+    order = [plan.share_of_block(c) for c in range(plan.blocks)]
+    assert sorted(order) == list(range(plan.blocks))
+    assert [plan.share_of_block(c) for c in range(plan.blocks, plan.blocks + 3)] == list(range(plan.blocks, plan.blocks + 3))
+    per_group = plan.total_slots // G
+    for c0 in range(0, plan.blocks, G):
+        shares = [plan.share_of_block(c0 + g) for g in range(G)]
+        assert [plan.group_of(plan.share(s)[0][0]) for s in shares if plan.share(s)] == \
+            list(range(G))[:sum(1 for s in shares if plan.share(s))]
+        starts = {plan.start(s) - g * per_group for g, s in enumerate(shares)}
+        assert len(starts) == 1  # the same slot of each group: the same stream, the same keys
+
+
+def test_without_an_aligned_cut_block_c_takes_share_c():
+    """15 groups (a 15-row draft at 64 heads): 120 of 132 blocks would idle too many, so the cut is not aligned
+    and the seesaw's blocks keep the plain order; one group has nothing to put side by side."""
+    plan = hopper_plan([16393] * 8, 15, 64, 132, pairs_per_block=64)
+    assert plan.groups == 15 and plan.blocks == 132
+    assert [plan.share_of_block(c) for c in range(134)] == list(range(134))
+    plan = hopper_plan([16393] * 8, 1, 64, 132, pairs_per_block=64)
+    assert plan.groups == 1 and [plan.share_of_block(c) for c in range(plan.blocks)] == list(range(plan.blocks))
+
+
 @pytest.mark.parametrize("lens, T, H, C, blocks", [
     ([1033] * 8, 16, 8, 132, 96),      # 16 units of 17 tiles: 8 pieces each (132 would straddle), 3 tiles at most: 6 do
     ([1033] * 8, 9, 8, 132, 72),       # 8 units of 17 tiles: 16 pieces of at most 2 tiles, or 9
@@ -202,7 +233,11 @@ def test_the_kernel_counts_a_units_start_as_the_model_does():
     assert re.search(r"return MLA_HOPPER_SEESAW && sh\.rows && seesaw_pays\(p\) \? kSeeUnitStartTiles : 0;", src)
     assert re.search(r"return tiles > 0 \? tiles \+ start_slots : 0;", src)
     assert re.search(r"const int S = kStartSlots \? unit_start_slots\(p, sh\) : 0;", src)
-    assert src.count("plan_share<kSeeThreads, true>(") == 1 and "plan_share<kThreads, true>" not in src
+    assert src.count("plan_share<kSeeThreads, true, true>(") == 1 and "plan_share<kThreads, true" not in src
+    # the seesaw's order of shares (HopperPlan.share_of_block), and no other kernel's
+    assert "return aligned ? (cta % groups) * (C / groups) + cta / groups : cta;" in src
+    assert "groups > 1 && C > groups && C % groups == 0 && cta < C" in src
+    assert "cur.share = kSameKeysAdjacent ? share_of_block(cta, C, sh.groups) : cta;" in src
     # The cut list names a unit's tiles, after its start slots.
     assert re.search(r"block_of_tile\(a \+ S, W, C\) != block_of_tile\(a \+ S \+ n - 1, W, C\)", src)
 
