@@ -396,6 +396,24 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
 #endif
 static_assert(!MLA_HOPPER_COPY_BOXES || (MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_CROSS),
               "the groups of chunks are the crossed seesaw's");
+// A seesaw kernel of its own for whole-tile boxes (build seesaw_whole, and the
+// op's seesaw; chapter 10, "A loop that fits").  The seesaw asks at run time
+// how a tile's boxes lie (KvTensor::box_keys and chunk_boxes), and its loop
+// holds the code of every answer: copies of one, two and four boxes a chunk,
+// and of four chunks at once, at each of the loop's six places that ask for
+// copies.  With MLA_HOPPER_SEESAW_WHOLE = 1 the seesaw is compiled twice:
+// hopper_seesaw_kernel knows that a tile is one box of 64 keys and that its
+// chunks come four to a copy (pages of 64 keys or a multiple, where the driver
+// makes the four-chunk map), and hopper_seesaw_any_pages_kernel asks, as
+// before, for every other cache.  The same instructions run on the same
+// values; the first kernel's tile loop is a third shorter (2552 instructions
+// against 3883 as compiled by nvcc 13.0: chapter 10 counts them), and on the
+// H200 it took 0.87 to 0.92 of the time of the kernel that asks, at eight
+// shapes of 64 and 128 heads (a development run, with pages of 64).
+#ifndef MLA_HOPPER_SEESAW_WHOLE
+#define MLA_HOPPER_SEESAW_WHOLE (MLA_HOPPER_DISPATCH && MLA_HOPPER_COPY_BOXES)
+#endif
+static_assert(!MLA_HOPPER_SEESAW_WHOLE || MLA_HOPPER_COPY_BOXES, "a whole tile's chunks come four to a copy");
 
 // The cache seen as a 3-d tensor [pages][page_size][576] bf16, for the "tma"
 // build's loader (the op's build passes box_keys = 0 and never reads it): a
@@ -2083,10 +2101,29 @@ __device__ __forceinline__ TilePages ring_pages(const MlaParams& p, const PageSt
 }
 #endif  // MLA_HOPPER_PAGE_STEPS
 
+// How a tile's boxes lie in the tensor map: known when the kernel is compiled
+// (kWholeTiles: hopper_seesaw_kernel, where MLA_HOPPER_SEESAW_WHOLE), or read
+// from the KvTensor at each use, as a kernel parameter (held in a register
+// instead, the kernel that asks spilled).
+template <bool kWholeTiles>
+struct SeeBoxes {
+  const KvTensor& kv;
+  __device__ __forceinline__ int keys() const { return kWholeTiles ? kKeysPerTile : kv.box_keys; }  // 64, 32 or 16
+  // Whether a tile's chunks 0..3 and 4..7 are one copy each (KvTensor::chunk_boxes).
+  __device__ __forceinline__ bool four_at_once() const {
+#if MLA_HOPPER_COPY_BOXES
+    return kWholeTiles || kv.chunk_boxes != 0;
+#else
+    return false;
+#endif
+  }
+};
+
 // Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
-__device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, uint64_t* bar, const TilePages& t,
-                                           int j) {
-  const int box_keys = kv.box_keys;
+template <class Boxes>
+__device__ __forceinline__ void copy_chunk(const KvTensor& kv, const Boxes& bx, uint32_t tile_s, uint64_t* bar,
+                                           const TilePages& t, int j) {
+  const int box_keys = bx.keys();
   mbar_arrive_expect_tx(bar, t.boxes * box_keys * 128);
   const uint32_t dst = tile_s + j * kChunkBytes;
   tma_load_3d(dst, &kv.map, j * kChunkDims, t.in_page, t.page[0], bar);
@@ -2100,29 +2137,30 @@ __device__ __forceinline__ void copy_chunk(const KvTensor& kv, uint32_t tile_s, 
 // a group comes box by box (pages of 16 or 32 keys) the scores of its first
 // chunk wait for that chunk's copies only.  (Counted on its first barrier, such
 // a group took 1.00 and 1.05 of the time of this rule in two runs: no gain.)
-__device__ __forceinline__ int chunk_bar(const KvTensor& kv, int j) {
-#if MLA_HOPPER_COPY_BOXES
-  if (kv.chunk_boxes) return j < 4 ? 0 : j < 8 ? 4 : 8;
-#endif
+template <class Boxes>
+__device__ __forceinline__ int chunk_bar(const Boxes& bx, int j) {
+  if (bx.four_at_once()) return j < 4 ? 0 : j < 8 ? 4 : 8;
   return j;
 }
 // Chunks j0 .. j0 + n - 1 of a tile into `tile_s`, counted on tile_bars as
 // chunk_bar says (n = 4 from chunk 0 or 4, or 1: chunk 8).
-__device__ __forceinline__ void copy_chunks(const KvTensor& kv, uint32_t tile_s, uint64_t* tile_bars,
-                                            const TilePages& t, int j0, int n) {
+template <class Boxes>
+__device__ __forceinline__ void copy_chunks(const KvTensor& kv, const Boxes& bx, uint32_t tile_s,
+                                            uint64_t* tile_bars, const TilePages& t, int j0, int n) {
 #if MLA_HOPPER_COPY_BOXES
-  if (n == 4 && kv.chunk_boxes) {
+  if (n == 4 && bx.four_at_once()) {
     mbar_arrive_expect_tx(&tile_bars[j0], 4 * kChunkBytes);
     tma_load_4d(tile_s + j0 * kChunkBytes, &kv.map4, 0, t.in_page, j0, t.page[0], &tile_bars[j0]);
     return;
   }
 #endif
-  for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, tile_s, &tile_bars[j], t, j);
+  for (int j = j0; j < j0 + n; ++j) copy_chunk(kv, bx, tile_s, &tile_bars[j], t, j);
 }
 
 constexpr int kBarScaleA = 1, kBarScaleB = 2, kBarPA = 3, kBarPB = 4;  // the seesaw's handshakes (256 threads)
 constexpr int kBarSeeBoth = 5, kBarSeeOwn = 6;                         // both warpgroups; one (6 + warpgroup)
 
+template <bool kWholeTiles>
 __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem, const KvTensor& kv) {
   // The warpgroup, through a shuffle so the compiler knows it is the same in
   // every lane: a branch on it is then not divergent, and wgmma stays unserialised.
@@ -2145,7 +2183,8 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kSOffBars);  // K0's 9 chunks, then K1's
   int* bad_s = reinterpret_cast<int*>(smem + kSOffBad);            // by unit parity
   int* ring = reinterpret_cast<int*>(smem + kSOffPages) + 16 * wg;  // this copier's page ids, fetched ahead
-  const PageSteps steps = page_steps(p, kv.box_keys);
+  const SeeBoxes<kWholeTiles> bx{kv};  // how a tile's boxes lie: known here, or read from kv
+  const PageSteps steps = page_steps(p, bx.keys());
   const float scale_log2 = p.scale * kLog2e;
   const int first_share_unit = cur.unit;
   const int dim_half = 4 * wg;  // this warpgroup's V chunks: dims 256 wg .. 256 wg + 255
@@ -2173,7 +2212,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 #pragma unroll
     for (int i = 0; i < n; ++i) {
       const int j = (start + i) % kChunks;
-      mbar_wait(&tile_bars[chunk_bar(kv, j)], phase);
+      mbar_wait(&tile_bars[chunk_bar(bx, j)], phase);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_m64n64k16_ss<0>(sc, q_desc + ((j * kRowsPairs * 128 + 32 * ks) >> 4),
@@ -2228,27 +2267,27 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
     // does.  (Every product of the previous unit is done: its end passed a
     // barrier of both warpgroups after their last waits.)
     if (threadIdx.x == 0) {
-      const TilePages ta = tile_pages(p, steps, table, kv_len, t0, kv.box_keys);
+      const TilePages ta = tile_pages(p, steps, table, kv_len, t0, bx.keys());
 #if MLA_HOPPER_COPY_BOXES
-      for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, k0_s, bars, ta, j0, j0 < 8 ? 4 : 1);
+      for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, bx, k0_s, bars, ta, j0, j0 < 8 ? 4 : 1);
 #else
-      for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], ta, j);
+      for (int j = 0; j < kChunks; ++j) copy_chunk(kv, bx, k0_s, &bars[j], ta, j);
 #endif
       int bad = ta.bad;
       if (t0 + 1 < t1) {
-        const TilePages tb = tile_pages(p, steps, table, kv_len, t0 + 1, kv.box_keys);
+        const TilePages tb = tile_pages(p, steps, table, kv_len, t0 + 1, bx.keys());
 #if MLA_HOPPER_COPY_BOXES
-        for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, k1_s, bars + kChunks, tb, j0, j0 < 8 ? 4 : 1);
+        for (int j0 = 0; j0 < kChunks; j0 += 4) copy_chunks(kv, bx, k1_s, bars + kChunks, tb, j0, j0 < 8 ? 4 : 1);
 #else
-        for (int j = 0; j < kChunks; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], tb, j);
+        for (int j = 0; j < kChunks; ++j) copy_chunk(kv, bx, k1_s, &bars[kChunks + j], tb, j);
 #endif
         bad |= tb.bad;
       }
       *bad_flag = bad;  // (the flag of the unit before last: read before this unit's first barrier)
     }
     if (copier) {  // the next pair's page ids, waited for with the unit's Q below
-      if (t0 + 2 < t1) fetch_pages(p, steps, table, kv_len, t0 + 2, kv.box_keys, ring);
-      if (t0 + 3 < t1) fetch_pages(p, steps, table, kv_len, t0 + 3, kv.box_keys, ring);
+      if (t0 + 2 < t1) fetch_pages(p, steps, table, kv_len, t0 + 2, bx.keys(), ring);
+      if (t0 + 3 < t1) fetch_pages(p, steps, table, kv_len, t0 + 3, bx.keys(), ring);
     }
     load_unit_q<true>(p, b, kv_len, pair0, n_pairs, kRowsPairs, q_s, q_row_s, vis_s, m_s, threadIdx.x, kSeeThreads,
                       kBarSeeBoth);
@@ -2292,15 +2331,15 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
       // The page ids of the pair after next, fetched now; those of the next pair
       // were fetched a pair ago (or with the unit's Q): only they are waited for.
       if (copier) {
-        if (tile + 4 < t1) fetch_pages(p, steps, table, kv_len, tile + 4, kv.box_keys, ring);
-        if (tile + 5 < t1) fetch_pages(p, steps, table, kv_len, tile + 5, kv.box_keys, ring);
+        if (tile + 4 < t1) fetch_pages(p, steps, table, kv_len, tile + 4, bx.keys(), ring);
+        if (tile + 5 < t1) fetch_pages(p, steps, table, kv_len, tile + 5, bx.keys(), ring);
         cp_async_commit();
       }
       bool fetched = false;
       auto pages_of = [&](int t) {
         if (!fetched) cp_async_wait<1>();  // all but this pair's fetch
         fetched = true;
-        return ring_pages(p, steps, kv_len, t, kv.box_keys, ring);
+        return ring_pages(p, steps, kv_len, t, bx.keys(), ring);
       };
       const int valid_a = kv_len - tile * kKeysPerTile, valid_b = valid_a - kKeysPerTile;  // keys of the stream in A, B
       SEE_STAMP(0);
@@ -2346,9 +2385,9 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         if (copier && has_a2) {
           const TilePages na = pages_of(tile + 2);
 #if MLA_HOPPER_COPY_BOXES
-          copy_chunks(kv, k0_s, bars, na, 0, 4);
+          copy_chunks(kv, bx, k0_s, bars, na, 0, 4);
 #else
-          for (int j = 0; j < 4; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          for (int j = 0; j < 4; ++j) copy_chunk(kv, bx, k0_s, &bars[j], na, j);
 #endif
           bad_pages |= na.bad;
         }
@@ -2366,11 +2405,11 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
             if (copier && has_b2) {
               const TilePages nb = pages_of(tile + 3);
 #if MLA_HOPPER_COPY_BOXES
-              copy_chunks(kv, k1_s, bars + kChunks, nb, 0, 4);
-              copy_chunks(kv, k1_s, bars + kChunks, nb, 8, 1);
+              copy_chunks(kv, bx, k1_s, bars + kChunks, nb, 0, 4);
+              copy_chunks(kv, bx, k1_s, bars + kChunks, nb, 8, 1);
 #else
-              for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
-              copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+              for (int j = 0; j < 4; ++j) copy_chunk(kv, bx, k1_s, &bars[kChunks + j], nb, j);
+              copy_chunk(kv, bx, k1_s, &bars[kChunks + 8], nb, 8);
 #endif
             }
           };
@@ -2438,10 +2477,10 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           if (copier && has_a2) {
             const TilePages na = pages_of(tile + 2);
 #if MLA_HOPPER_COPY_BOXES
-            copy_chunks(kv, k0_s, bars, na, 4, 4);
-            copy_chunks(kv, k0_s, bars, na, 8, 1);
+            copy_chunks(kv, bx, k0_s, bars, na, 4, 4);
+            copy_chunks(kv, bx, k0_s, bars, na, 8, 1);
 #else
-            for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+            for (int j = 4; j < kChunks; ++j) copy_chunk(kv, bx, k0_s, &bars[j], na, j);
 #endif
           }
         };
@@ -2460,9 +2499,9 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           if (copier && has_b2) {
             const TilePages nb = pages_of(tile + 3);
 #if MLA_HOPPER_COPY_BOXES
-            copy_chunks(kv, k1_s, bars + kChunks, nb, 4, 4);
+            copy_chunks(kv, bx, k1_s, bars + kChunks, nb, 4, 4);
 #else
-            for (int j = 4; j < 8; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            for (int j = 4; j < 8; ++j) copy_chunk(kv, bx, k1_s, &bars[kChunks + j], nb, j);
 #endif
             bad_pages |= nb.bad;
           }
@@ -2512,7 +2551,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         // A's chunks 0..3: read by its scores and by these products, both done.
         if (copier && has_a2) {
           const TilePages na = pages_of(tile + 2);
-          for (int j = 0; j < 4; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          for (int j = 0; j < 4; ++j) copy_chunk(kv, bx, k0_s, &bars[j], na, j);
           bad_pages |= na.bad;
         }
         named_barrier(kBarScaleB, kSeeThreads);  // B's reference and factor are known
@@ -2542,8 +2581,8 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           wgmma_wait<1>();  // B's products are done: its chunks 0..3 and P_B (chunk 8) are free
           if (copier && has_b2) {
             const TilePages nb = pages_of(tile + 3);
-            for (int j = 0; j < 4; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
-            copy_chunk(kv, k1_s, &bars[kChunks + 8], nb, 8);
+            for (int j = 0; j < 4; ++j) copy_chunk(kv, bx, k1_s, &bars[kChunks + j], nb, j);
+            copy_chunk(kv, bx, k1_s, &bars[kChunks + 8], nb, 8);
           }
           scores(sc, k0_desc, bars, 4, 5, false);
           wgmma_wait<0>();
@@ -2598,7 +2637,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
           wgmma_wait<1>();  // B's products are done: its chunks 4..7 are free
           if (copier && has_b2) {
             const TilePages nb = pages_of(tile + 3);
-            for (int j = 4; j < 8; ++j) copy_chunk(kv, k1_s, &bars[kChunks + j], nb, j);
+            for (int j = 4; j < 8; ++j) copy_chunk(kv, bx, k1_s, &bars[kChunks + j], nb, j);
             bad_pages |= nb.bad;
           }
         }
@@ -2608,7 +2647,7 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
         SEE_STAMP(4);
         if (copier && has_a2) {
           const TilePages na = pages_of(tile + 2);
-          for (int j = 4; j < kChunks; ++j) copy_chunk(kv, k0_s, &bars[j], na, j);
+          for (int j = 4; j < kChunks; ++j) copy_chunk(kv, bx, k0_s, &bars[j], na, j);
         }
         if (has_b2) {
           scores(sc, k1_desc, bars + kChunks, 4, kChunks, true);  // its own copies (4..7) first
@@ -2809,9 +2848,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 #if MLA_HOPPER_SEESAW
 // The op's kernel where a stream's pairs fill tiles of 64 and the tensor copy
 // reads the cache (seesaw_layout): two warpgroups and no loader, the same
-// scheduler, partials and merges as hopper_kernel.
-__global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const MlaParams p,
-                                                                      const __grid_constant__ KvTensor kv) {
+// scheduler, partials and merges as hopper_kernel.  kWholeTiles: compiled for
+// tiles of one box whose chunks come four to a copy (see_whole_tiles).
+template <bool kWholeTiles>
+__device__ __forceinline__ void seesaw_kernel(const MlaParams& p, const KvTensor& kv) {
 #if MLA_SM90A
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -2830,12 +2870,24 @@ __global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const Mla
   int C;
   plan_share<kSeeThreads, true, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
-  seesaw(p, sh, cur, smem, kv);
+  seesaw<kWholeTiles>(p, sh, cur, smem, kv);
   launch_dependents();
 #else
   __trap();
 #endif
 }
+// With MLA_HOPPER_SEESAW_WHOLE, the kernel of whole tiles; else the only one, which asks.
+__global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_kernel(const MlaParams p,
+                                                                      const __grid_constant__ KvTensor kv) {
+  seesaw_kernel<MLA_HOPPER_SEESAW_WHOLE != 0>(p, kv);
+}
+#if MLA_HOPPER_SEESAW_WHOLE
+// Every other cache the seesaw reads: pages of 16 or 32 keys, or a four-chunk map the driver refused.
+__global__ void __launch_bounds__(kSeeThreads, 1) hopper_seesaw_any_pages_kernel(const MlaParams p,
+                                                                                const __grid_constant__ KvTensor kv) {
+  seesaw_kernel<false>(p, kv);
+}
+#endif
 #endif
 
 // ---- the combine kernel: merge the partials of each cut unit --------------------------
@@ -3311,6 +3363,19 @@ KvTensor kv_tensor(const MlaParams& p) {
   return kv;
 }
 
+#if MLA_HOPPER_SEESAW
+// The seesaw kernel that reads this cache: with MLA_HOPPER_SEESAW_WHOLE, the
+// one compiled for whole tiles wherever a tile is one box of 64 keys copied
+// four chunks at once, else the one that asks.
+void (*seesaw_kernel_for(const KvTensor& kv))(const MlaParams, const KvTensor) {
+#if MLA_HOPPER_SEESAW_WHOLE
+  if (kv.box_keys != kKeysPerTile || !kv.chunk_boxes) return hopper_seesaw_any_pages_kernel;
+#endif
+  (void)kv;
+  return hopper_seesaw_kernel;
+}
+#endif
+
 }  // namespace
 
 // num_splits is the persistent grid: how many blocks share the work (one per SM by default).
@@ -3339,6 +3404,11 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
 #if MLA_HOPPER_SEESAW
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(hopper_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeeSmemBytes);
+#if MLA_HOPPER_SEESAW_WHOLE
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(hopper_seesaw_any_pages_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 kSeeSmemBytes);
+#endif
 #endif
     if (err != cudaSuccess) return err;
     if (device < 64) opted_in[device] = true;
@@ -3353,7 +3423,7 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   if (seesaw_layout(q)) {
     const KvTensor kv = kv_tensor(q);
     if (kv.box_keys != 0)
-      err = launch(hopper_seesaw_kernel, seesaw_geometry(q), stream, pdl, q, kv);
+      err = launch(seesaw_kernel_for(kv), seesaw_geometry(q), stream, pdl, q, kv);
     else  // no tensor map for this cache: gathered, in the same units of 64 pairs
       err = launch(hopper_kernel, LaunchGeometry{dim3(q.num_splits), dim3(kThreads), kSmemBytes}, stream, pdl, q,
                    KvTensor{});
@@ -3430,6 +3500,9 @@ int hopper_kernels(const KernelHandle** handles) {
       {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
       {"hopper_merge_by_warps_kernel", (const void*)hopper_merge_by_warps_kernel, kCombineThreads,
        merge_by_warps_geometry_10},
+#if MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_WHOLE
+      {"hopper_seesaw_any_pages_kernel", (const void*)hopper_seesaw_any_pages_kernel, kSeeThreads, seesaw_geometry},
+#endif
   };
   *handles = kernels;
   return int(std::size(kernels));

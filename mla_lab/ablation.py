@@ -199,6 +199,10 @@ SOFTMAX_FMUL_TIMELINE = "softmax_fmul_timeline"
 # The op's seesaw with block c taking share c, as first written (-DMLA_HOPPER_SHARES_APART=1): the groups' shares that
 # read the same keys C/G blocks apart, where the op puts them on neighbouring blocks.
 SHARES_APART = "shares_apart"
+# The crossed seesaw compiled twice (-DMLA_HOPPER_SEESAW_WHOLE=1), as the op is: hopper_seesaw_kernel for tiles of one
+# box of 64 keys, copied four chunks at once, and hopper_seesaw_any_pages_kernel, SEESAW_CROSS_BOXES's kernel, for
+# every other cache.
+SEESAW_WHOLE = "seesaw_whole"
 # The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
 EARLY_SCORES = "early_scores"
 EARLY_SCORES_TIMELINE = "early_scores_timeline"
@@ -253,6 +257,7 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SOFTMAX_FMUL_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1",
                                                  "-DMLA_HOPPER_TIMELINE=1"],
           SHARES_APART: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SHARES_APART=1"],
+          SEESAW_WHOLE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SEESAW_WHOLE=1"],
           DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
           WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
           BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],

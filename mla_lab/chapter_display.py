@@ -137,6 +137,24 @@ def hgmma_shapes(text: str) -> dict[str, int]:
     return dict(Counter(re.findall(r"\bHGMMA\.(\d+x\d+x\d+)\b", text)))
 
 
+def tile_loop_instructions(text: str, min_products: int = 40) -> int:
+    """The instructions of a kernel's innermost loop that holds ``min_products`` wgmma (``HGMMA``) or more: the
+    shortest span from a conditional backward branch (``@P0 BRA`` to a lower address) back to its target that
+    encloses that many.  A static count, 16 bytes an instruction; 0 where no loop holds them."""
+    ins = [(int(a, 16), body) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
+    products = [a for a, body in ins if "HGMMA" in body]
+    best = 0
+    for a, body in ins:
+        m = re.match(r"@!?U?P\w+\s+BRA(?:\.\w+)*\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", body)
+        if not m or int(m.group(1), 16) >= a:
+            continue
+        target = int(m.group(1), 16)
+        if sum(1 for h in products if target <= h <= a) >= min_products:
+            span = (a - target) // 16 + 1
+            best = span if best == 0 else min(best, span)
+    return best
+
+
 def count_opcodes(mix: Counter, *prefixes: str) -> int:
     """How many instructions of ``mix`` start with any of ``prefixes`` (``"FFMA"``, ``"LDS"``, ...)."""
     return sum(v for k, v in mix.items() if k.startswith(prefixes))

@@ -127,7 +127,8 @@ class Stage:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            cp_kernel, tma_kernel, see_kernel, combine, by_warps_kernel = HOPPER_KERNELS
+            cp_kernel, tma_kernel, _, combine, by_warps_kernel, _ = HOPPER_KERNELS
+            see_kernel = hopper_seesaw_kernel_for(page_size)
             units = hopper_units(streams, q_len, heads, max_pages, page_size, splits)
             slices = hopper_combine_slices(splits, units, hopper_table_tiles(max_pages, page_size))
             if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
@@ -254,6 +255,14 @@ def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_s
     return hopper_tma_pages(page_size) and bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
 
 
+def hopper_seesaw_kernel_for(page_size: int) -> str:
+    """The seesaw kernel of the op that reads pages of ``page_size`` keys (seesaw_kernel_for): hopper_seesaw_kernel,
+    compiled for tiles of one box of 64 keys copied four chunks at once, with pages of 64 keys or a multiple;
+    hopper_seesaw_any_pages_kernel, which asks how a tile's boxes lie, with pages of 16 or 32.  (The op also runs
+    the second where the driver refuses the map of four chunks; with pages of 64 it has not here.)"""
+    return HOPPER_KERNELS[2] if page_size % HOPPER_KEYS_PER_TILE == 0 else HOPPER_KERNELS[5]
+
+
 def hopper_table_tiles(max_pages: int, page_size: int) -> int:
     """The 64-key tiles of a block table's width: the most a stream (and so a unit) can have."""
     return -(-max_pages * page_size // HOPPER_KEYS_PER_TILE)
@@ -265,10 +274,11 @@ def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, pag
     return streams * hopper_groups(q_len, heads) * hopper_table_tiles(max_pages, page_size)
 
 
-# The three main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say which), and the
-# two merges, one of which it launches (hopper_combine_by_warps says which).
+# The four main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say which, and where
+# the seesaw runs, hopper_seesaw_kernel_for), and the two merges, one of which it launches (hopper_combine_by_warps
+# says which).
 HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_combine_kernel",
-                  "hopper_merge_by_warps_kernel")
+                  "hopper_merge_by_warps_kernel", "hopper_seesaw_any_pages_kernel")
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
 HOPPER_SEE_TILES_PER_BLOCK = 15  # kSeeTilesPerBlock: pages of 64 keys or a multiple
 HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES = 56  # kSeeTilesPerBlockSmallPages: pages of 16 or 32

@@ -80,9 +80,12 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_fo
         assert _work_counts(mine) == _work_counts(theirs), kernel
         assert _body(mine) != _body(theirs), kernel  # the choice is there
         assert abs(len(_body(mine)) - len(_body(theirs))) < 0.05 * len(_body(theirs)), kernel
-    seesaw = _body(kernel_sass(op, "hopper_seesaw_kernel"))
-    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_CROSS_BOXES))
-    assert seesaw != _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))  # and the comparison can tell builds apart
+    # The seesaw twice: for whole tiles (seesaw_whole's kernel), and for any pages (seesaw_cross_boxes's).
+    seesaw, any_pages = _body(kernel_sass(op, "hopper_seesaw_kernel")), _body(kernel_sass(op, "hopper_seesaw_any_pages_kernel"))
+    assert seesaw == _body(ablation.main_sass(ablation.SEESAW_WHOLE))
+    assert any_pages == _body(ablation.main_sass(ablation.SEESAW_CROSS_BOXES))
+    assert any_pages != _body(ablation.main_sass(ablation.SEESAW_CROSS_STEPS))  # and the comparison can tell builds apart
+    assert seesaw != any_pages
     assert ablation.build_defines(ablation.CP_ASYNC) == [ablation.NO_DISPATCH]
     # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
     # cp.async kernel
@@ -338,6 +341,33 @@ def test_the_shares_apart_build_differs_from_the_op_only_in_its_blocks_order():
     for op in ("FFMA", "FMUL", "MUFU.EX2", "STS", "LDS"):
         assert count_opcodes(am, op) == count_opcodes(bm, op), op
     assert abs(sum(am.values()) - sum(bm.values())) < 0.02 * sum(am.values())
+
+
+def test_the_whole_tiles_build_compiles_the_seesaw_twice_and_its_loop_is_a_third_shorter():
+    """seesaw_whole: hopper_seesaw_kernel knows that a tile is one box of 64 keys copied four chunks at once, and
+    hopper_seesaw_any_pages_kernel is seesaw_cross_boxes's kernel, which asks.  The same products, waits, softmax and
+    four-chunk copies; what goes is the code of the other answers (copies of one, two and four boxes a chunk, chunk
+    by chunk), and the tile loop is at most 70% of the one that asks."""
+    from mla_lab.chapter_display import count_opcodes, instruction_mix, kernel_sass, tile_loop_instructions
+    from mla_lab.resources import compile_cubin
+
+    whole, boxes = ablation.SEESAW_WHOLE, ablation.SEESAW_CROSS_BOXES
+    assert ablation.main_kernel(whole) == "hopper_seesaw_kernel"
+    assert set(ablation.build_defines(whole)) == set(ablation.build_defines(boxes)) | {"-DMLA_HOPPER_SEESAW_WHOLE=1"}
+    cubin = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0", ablation.build_defines(whole), f"-{whole}")
+    assert _body(kernel_sass(cubin, "hopper_seesaw_any_pages_kernel")) == _body(ablation.main_sass(boxes))
+    w, b = ablation.main_sass(whole), ablation.main_sass(boxes)
+    assert ablation.hgmma_shapes(whole) == ablation.hgmma_shapes(boxes)
+    sw, sb = ablation.sass_counts(whole), ablation.sass_counts(boxes)
+    assert (sw["HGMMA"], sw["WAIT"]) == (sb["HGMMA"], sb["WAIT"])
+    wm, bm = instruction_mix(w), instruction_mix(b)
+    for op in ("FFMA", "MUFU.EX2", "STS"):
+        assert count_opcodes(wm, op) == count_opcodes(bm, op), op
+    # (the unit's first two tiles' loop of copies is unrolled where it knows its boxes: 8 four-chunk copies, not 6)
+    assert count_opcodes(wm, "UTMALDG.4D") >= count_opcodes(bm, "UTMALDG.4D") == 6
+    assert count_opcodes(wm, "UTMALDG") < count_opcodes(bm, "UTMALDG") / 2  # the copies box by box are gone
+    assert count_opcodes(wm, "LDS") < count_opcodes(bm, "LDS")  # and the reads of the other boxes' page ids
+    assert 0 < tile_loop_instructions(w) < 0.7 * tile_loop_instructions(b)
 
 
 def test_the_seesaw_summary_reads_its_pairs_of_tiles():
@@ -625,7 +655,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_tma_builds(build
 
 # The seesaw's builds: both orders, dividing by the page size and by steps.
 SEESAW_BUILDS = [ablation.SEESAW, ablation.SEESAW_CROSS, ablation.SEESAW_STEPS, ablation.SEESAW_CROSS_STEPS,
-                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES, ablation.SOFTMAX_FMUL, ablation.SHARES_APART]
+                 ablation.SEESAW_CROSS_BEHIND, ablation.SEESAW_CROSS_BOXES, ablation.SOFTMAX_FMUL, ablation.SHARES_APART,
+                 ablation.SEESAW_WHOLE]
 # Their shapes: pages of 16 to 256 keys (192: tiles a page not a power of two), empty and short streams, mixed
 # lengths, and shapes the seesaw leaves to the op's cp.async kernel.
 SEESAW_PROBLEMS = [

@@ -459,7 +459,8 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert re.search(r"return \(\(int64_t\)p\.max_pages \* p\.page_size \+ kKeysPerTile - 1\) / kKeysPerTile;", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
     assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel",
-                                     "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+                                     "hopper_combine_kernel", "hopper_merge_by_warps_kernel",
+                                     "hopper_seesaw_any_pages_kernel")
 
 
 def test_the_loader_rule_matches_the_kernel():
@@ -542,6 +543,15 @@ def test_the_seesaw_rule_matches_the_kernel():
                                                                    stages.HOPPER_SEE_SMEM_BYTES)
     assert merge.grid[1] == 128  # a row of merge blocks for each of the seesaw's 128 units
     assert re.search(r"constexpr int kSeeThreads = 256;", src)
+    # The seesaw kernel for whole tiles with pages of 64 keys or a multiple, the one that asks with pages of 16 or 32
+    for page_size, kernel in ((64, "hopper_seesaw_kernel"), (128, "hopper_seesaw_kernel"), (192, "hopper_seesaw_kernel"),
+                              (16, "hopper_seesaw_any_pages_kernel"), (32, "hopper_seesaw_any_pages_kernel")):
+        assert stages.hopper_seesaw_kernel_for(page_size) == kernel
+        launched = hop.launches(8, 16, 64, 16384 // page_size + 1, page_size, 132)[0]
+        assert launched.kernel == kernel and launched.dynamic_smem_bytes == stages.HOPPER_SEE_SMEM_BYTES, page_size
+    assert re.search(r"if \(kv\.box_keys != kKeysPerTile \|\| !kv\.chunk_boxes\) return hopper_seesaw_any_pages_kernel;", src)
+    assert re.search(r"kv\.chunk_boxes = 0;\s*if \(box_keys == kKeysPerTile\) \{", src)  # (pages of 64 or a multiple)
+    assert re.search(r"#define MLA_HOPPER_SEESAW_WHOLE \(MLA_HOPPER_DISPATCH && MLA_HOPPER_COPY_BOXES\)", src)
 
 
 def test_the_combine_block_rule_matches_the_kernel():
