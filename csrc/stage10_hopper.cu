@@ -3276,21 +3276,9 @@ LaunchGeometry main_geometry(const MlaParams& p) {
   if (seesaw_layout(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_seesaw_kernel is
   return cp_async_geometry(p);
 }
-LaunchGeometry seesaw_launch_geometry(const MlaParams& p) {
+LaunchGeometry seesaw_geometry(const MlaParams& p) {
   if (!seesaw_layout(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel or hopper_tma_kernel is
   return {dim3(p.num_splits), dim3(kSeeThreads), kSeeSmemBytes};
-}
-// Each seesaw kernel's, as the host reports it: with MLA_HOPPER_SEESAW_WHOLE,
-// hopper_seesaw_kernel's with pages of 64 keys or a multiple and
-// hopper_seesaw_any_pages_kernel's with others (seesaw_kernel_for also sends
-// a cache whose four-chunk map the driver refused to the second).
-LaunchGeometry seesaw_geometry(const MlaParams& p) {
-  if (MLA_HOPPER_SEESAW_WHOLE && p.page_size % kKeysPerTile != 0) return {dim3(0), dim3(0), 0};
-  return seesaw_launch_geometry(p);
-}
-LaunchGeometry seesaw_any_pages_geometry(const MlaParams& p) {
-  if (!MLA_HOPPER_SEESAW_WHOLE || p.page_size % kKeysPerTile == 0) return {dim3(0), dim3(0), 0};
-  return seesaw_launch_geometry(p);
 }
 LaunchGeometry tma_geometry(const MlaParams& p) {
   if (!tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel is
@@ -3435,7 +3423,7 @@ cudaError_t hopper_launch(const MlaParams& p, cudaStream_t stream) {
   if (seesaw_layout(q)) {
     const KvTensor kv = kv_tensor(q);
     if (kv.box_keys != 0)
-      err = launch(seesaw_kernel_for(kv), seesaw_launch_geometry(q), stream, pdl, q, kv);
+      err = launch(seesaw_kernel_for(kv), seesaw_geometry(q), stream, pdl, q, kv);
     else  // no tensor map for this cache: gathered, in the same units of 64 pairs
       err = launch(hopper_kernel, LaunchGeometry{dim3(q.num_splits), dim3(kThreads), kSmemBytes}, stream, pdl, q,
                    KvTensor{});
@@ -3513,8 +3501,7 @@ int hopper_kernels(const KernelHandle** handles) {
       {"hopper_merge_by_warps_kernel", (const void*)hopper_merge_by_warps_kernel, kCombineThreads,
        merge_by_warps_geometry_10},
 #if MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_WHOLE
-      {"hopper_seesaw_any_pages_kernel", (const void*)hopper_seesaw_any_pages_kernel, kSeeThreads,
-       seesaw_any_pages_geometry},
+      {"hopper_seesaw_any_pages_kernel", (const void*)hopper_seesaw_any_pages_kernel, kSeeThreads, seesaw_geometry},
 #endif
   };
   *handles = kernels;
