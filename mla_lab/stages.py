@@ -260,7 +260,8 @@ def hopper_seesaw_kernel_for(page_size: int) -> str:
     compiled for tiles of one box of 64 keys copied four chunks at once, with pages of 64 keys or a multiple;
     hopper_seesaw_any_pages_kernel, which asks how a tile's boxes lie, with pages of 16 or 32.  (The op also runs
     the second where the driver refuses the map of four chunks; with pages of 64 it has not here.)"""
-    return HOPPER_KERNELS[2] if page_size % HOPPER_KEYS_PER_TILE == 0 else HOPPER_KERNELS[5]
+    _, _, whole_tiles, _, _, any_pages = HOPPER_KERNELS
+    return whole_tiles if page_size % HOPPER_KEYS_PER_TILE == 0 else any_pages
 
 
 def hopper_table_tiles(max_pages: int, page_size: int) -> int:
