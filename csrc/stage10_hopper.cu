@@ -522,35 +522,16 @@ __device__ __forceinline__ int unit_tiles(const MlaParams& p, int u) {
 // everywhere but a short call (8 x 300 keys in a wide table: 37.8 us against
 // 8 slots' 36.1): the mixed batch above 250 -> 198 us (3 slots: 209), the even one
 // of the same keys 197 -> 191.  FlashMLA's scheduler adds 5 blocks of 64 keys
-// to each stream's too.  The op's other two main kernels count starts too,
-// each with the weight that was fastest in a sweep on the H200 (chapter 10,
-// "Starts in the other kernels"): hopper_tma_kernel, which runs shares of a
-// dozen tiles or more, counts 4; hopper_kernel, which also runs calls of a
-// tile or two a block, counts 1.  (6 streams of 9 rows at 8 heads, one of
-// 50000 keys and five of 3 to 12000: 71.6 -> 57.5 us with 4 in
-// hopper_tma_kernel, 59.5 and 57.0 with 3 and 5 in another run; 16 streams of
-// 4 rows at 8 heads and 1 to 2000 keys: 35.8 -> 28.7 us with 1 in
-// hopper_kernel, 30.2 and 30.6 with 2 and 3, which also took 8 streams of 64
-// heads and 1024 keys from 51.3 to 54.2 us.)  A build that keeps
-// the seesaw's count only is seesaw_starts_only.  (Where a call's cut is the
-// aligned one, blocks_with_share, every share lies inside one unit, and a
-// unit's start slot only moves its first piece's end: the longest share keeps
-// its tiles.)  Units without tiles get no slots, so a batch padded with empty
-// streams is cut as before.
+// to each stream's too.  Only the seesaw counts them, and only where the op
+// runs it (seesaw_pays: shares of 15 tiles or more, as far as the block
+// table's width tells), where a few slots move a share's end by a few tiles;
+// the op's other kernels also run calls of a tile or two a block, where a slot
+// would be most of a share.  Units without tiles get no slots, so a batch
+// padded with empty streams is cut as before.
 #ifndef MLA_HOPPER_UNIT_START_TILES
 #define MLA_HOPPER_UNIT_START_TILES 5  // 0: every slot a tile, as first written (the build even_starts)
 #endif
-#ifndef MLA_HOPPER_TMA_UNIT_START_TILES
-#define MLA_HOPPER_TMA_UNIT_START_TILES 4  // hopper_tma_kernel's (0 in the build seesaw_starts_only)
-#endif
-#ifndef MLA_HOPPER_CP_UNIT_START_TILES
-#define MLA_HOPPER_CP_UNIT_START_TILES 1  // hopper_kernel's (0 in the build seesaw_starts_only)
-#endif
 constexpr int kSeeUnitStartTiles = MLA_HOPPER_UNIT_START_TILES;
-constexpr int kTmaUnitStartTiles = MLA_HOPPER_TMA_UNIT_START_TILES;
-constexpr int kCpUnitStartTiles = MLA_HOPPER_CP_UNIT_START_TILES;
-// The seesaw's: only where the op runs it (seesaw_pays).  (The other kernels
-// give plan_share their own count: each is launched only where it runs.)
 __host__ __device__ inline int unit_start_slots(const MlaParams& p, const Shape& sh) {
   return MLA_HOPPER_SEESAW && sh.rows && seesaw_pays(p) ? kSeeUnitStartTiles : 0;
 }
@@ -659,17 +640,17 @@ struct Cursor {
 // (Its first version, one thread walking all units, took 20 us at 64 units:
 // a 64-bit division per unit and border, one after another.)
 // (kBlockThreads: the block's threads, 384 in the op's kernels, 256 in the
-// seesaw's; kStartSlots: a unit's start in slots, the kernel's own count, or
-// -1 for the seesaw's, unit_start_slots; kSameKeysAdjacent: share_of_block's
-// order, the seesaw's.)
-template <int kBlockThreads = kThreads, int kStartSlots = 0, bool kSameKeysAdjacent = false>
+// seesaw's; kStartSlots: whether a unit's start takes slots, only in the
+// seesaw's, so that the other kernels' cursors know theirs are 0 and keep no
+// register for them; kSameKeysAdjacent: share_of_block's order, the seesaw's.)
+template <int kBlockThreads = kThreads, bool kStartSlots = false, bool kSameKeysAdjacent = false>
 __device__ void plan_share(const MlaParams& p, const Shape& sh, int* words, Cursor& cur, int& C) {
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int per_thread = (sh.units + kBlockThreads - 1) / kBlockThreads;
   const int u0 = min(sh.units, tid * per_thread), u1 = min(sh.units, u0 + per_thread);
   // The units of one stream (its pair groups) have the same tiles; of several, only if the streams do.
   const bool one_stream = p.batch == 1;
-  const int S = kStartSlots < 0 ? unit_start_slots(p, sh) : kStartSlots;
+  const int S = kStartSlots ? unit_start_slots(p, sh) : 0;
   const int tiles0 = unit_tiles(p, 0), slots0 = slots_of(tiles0, S);
   int mine = 0;      // my run's slots
   bool same = true;  // every unit of my run has no tiles or as many as unit 0
@@ -2768,9 +2749,8 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
 // The main kernel's body in either layout.
 // kTma: the loader copies whole tiles by TMA where the cache allows it
 // (kv.box_keys != 0); kFewerFences: the compute warps leave the fence of the
-// chunks gathered with cp.async to the gatherers; kStartSlots: a unit's start
-// in the plan's slots (unit_start_slots).
-template <bool kRows, bool kTma, bool kFewerFences, int kStartSlots = 0>
+// chunks gathered with cp.async to the gatherers.
+template <bool kRows, bool kTma, bool kFewerFences>
 __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& kv) {
   constexpr int kSlots = kRows ? kRowsRing : kRing;
   extern __shared__ unsigned char smem_raw[];
@@ -2804,8 +2784,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
   const Shape sh = shape_of(p);
   Cursor cur;
   int C;
-  plan_share<kThreads, kStartSlots>(p, sh, reinterpret_cast<int*>(smem + (kRows ? kROffPlan : kOffPlan)), cur,
-                                    C);  // its last barrier publishes the mbarriers too
+  plan_share(p, sh, reinterpret_cast<int*>(smem + (kRows ? kROffPlan : kOffPlan)), cur, C);  // its last barrier publishes the mbarriers too
   BLOCK0_STAMP(threadIdx.x == 0, 1);
   if (blockIdx.x >= C || kCallPart == 2) return;  // no share for this block (the whole block leaves together)
 
@@ -2837,7 +2816,7 @@ __device__ __forceinline__ void hopper_main(const MlaParams& p, const KvTensor& 
 __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
   MAIN_STAMP(0);
-  hopper_main<false, kUseTma, kFenceGatheredOnly, kUseTma ? kTmaUnitStartTiles : kCpUnitStartTiles>(p, kv);
+  hopper_main<false, kUseTma, kFenceGatheredOnly>(p, kv);
 #else
   __trap();
 #endif
@@ -2848,7 +2827,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const MlaParams p, 
 __global__ void __launch_bounds__(kThreads, 1) hopper_tma_kernel(const MlaParams p, const __grid_constant__ KvTensor kv) {
 #if MLA_SM90A
   MAIN_STAMP(0);
-  hopper_main<false, true, true, kTmaUnitStartTiles>(p, kv);
+  hopper_main<false, true, true>(p, kv);
 #else
   __trap();
 #endif
@@ -2870,7 +2849,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_rows_kernel(const MlaParam
 // The op's kernel where a stream's pairs fill tiles of 64 and the tensor copy
 // reads the cache (seesaw_layout): two warpgroups and no loader, the same
 // scheduler, partials and merges as hopper_kernel.  kWholeTiles: compiled for
-// tiles of one box whose chunks come four to a copy (seesaw_kernel_for).
+// tiles of one box whose chunks come four to a copy (see_whole_tiles).
 template <bool kWholeTiles>
 __device__ __forceinline__ void seesaw_kernel(const MlaParams& p, const KvTensor& kv) {
 #if MLA_SM90A
@@ -2889,7 +2868,7 @@ __device__ __forceinline__ void seesaw_kernel(const MlaParams& p, const KvTensor
   const Shape sh = shape_in(p, true);
   Cursor cur;
   int C;
-  plan_share<kSeeThreads, -1, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
+  plan_share<kSeeThreads, true, true>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur, C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
   seesaw<kWholeTiles>(p, sh, cur, smem, kv);
   launch_dependents();
@@ -3301,22 +3280,6 @@ LaunchGeometry seesaw_geometry(const MlaParams& p) {
   if (!seesaw_layout(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel or hopper_tma_kernel is
   return {dim3(p.num_splits), dim3(kSeeThreads), kSeeSmemBytes};
 }
-#if MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_WHOLE
-// What the two seesaw kernels report (the launch takes seesaw_geometry for the
-// one seesaw_kernel_for picks): the host sees the page size, not yet the
-// tensor map, so each reports the pages it is compiled for, hopper_seesaw_kernel
-// pages of 64 keys or a multiple.  (Where the driver refuses the map of four
-// chunks, the op launches the other with the same geometry; on the H200 it has
-// not refused one.)
-LaunchGeometry seesaw_whole_geometry(const MlaParams& p) {
-  if (p.page_size % kKeysPerTile != 0) return {dim3(0), dim3(0), 0};  // hopper_seesaw_any_pages_kernel's pages
-  return seesaw_geometry(p);
-}
-LaunchGeometry seesaw_any_pages_geometry(const MlaParams& p) {
-  if (p.page_size % kKeysPerTile == 0) return {dim3(0), dim3(0), 0};  // hopper_seesaw_kernel's pages
-  return seesaw_geometry(p);
-}
-#endif
 LaunchGeometry tma_geometry(const MlaParams& p) {
   if (!tma_pays(p)) return {dim3(0), dim3(0), 0};  // not launched: hopper_kernel is
   return {dim3(p.num_splits), dim3(kThreads), kTmaSmemBytes};
@@ -3528,11 +3491,7 @@ int hopper_kernels(const KernelHandle** handles) {
 #if MLA_HOPPER_DISPATCH
       {"hopper_tma_kernel", (const void*)hopper_tma_kernel, kThreads, tma_geometry},
 #endif
-#if MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_WHOLE
-      {"hopper_seesaw_kernel", (const void*)hopper_seesaw_kernel, kSeeThreads, seesaw_whole_geometry},
-      {"hopper_seesaw_any_pages_kernel", (const void*)hopper_seesaw_any_pages_kernel, kSeeThreads,
-       seesaw_any_pages_geometry},
-#elif MLA_HOPPER_SEESAW
+#if MLA_HOPPER_SEESAW
       {"hopper_seesaw_kernel", (const void*)hopper_seesaw_kernel, kSeeThreads, seesaw_geometry},
 #endif
 #if MLA_HOPPER_ROWS
@@ -3541,6 +3500,9 @@ int hopper_kernels(const KernelHandle** handles) {
       {"hopper_combine_kernel", (const void*)hopper_combine_kernel, kCombineThreads, combine_geometry_10},
       {"hopper_merge_by_warps_kernel", (const void*)hopper_merge_by_warps_kernel, kCombineThreads,
        merge_by_warps_geometry_10},
+#if MLA_HOPPER_SEESAW && MLA_HOPPER_SEESAW_WHOLE
+      {"hopper_seesaw_any_pages_kernel", (const void*)hopper_seesaw_any_pages_kernel, kSeeThreads, seesaw_geometry},
+#endif
   };
   *handles = kernels;
   return int(std::size(kernels));

@@ -192,10 +192,6 @@ SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
 # The op's seesaw with every slot of the plan a tile, as first written (-DMLA_HOPPER_UNIT_START_TILES=0): a unit's
 # start takes no slots, so a share that starts many short units gets as many tiles as one inside a long unit.
 EVEN_STARTS = "even_starts"
-# The op with only the seesaw counting a unit's start (-DMLA_HOPPER_TMA_UNIT_START_TILES=0 and
-# -DMLA_HOPPER_CP_UNIT_START_TILES=0, with the op's choice of kernel): in hopper_tma_kernel's plan and hopper_kernel's
-# every slot is a tile, as before those kernels counted starts.
-SEESAW_STARTS_ONLY = "seesaw_starts_only"
 # The op's seesaw with its softmax as first written (-DMLA_HOPPER_SOFTMAX_FMUL=1): each score scaled by a multiply and
 # hidden by a select in every tile, where the op hides only in a stream's edge tiles and scales inside the exponent.
 SOFTMAX_FMUL = "softmax_fmul"
@@ -257,8 +253,6 @@ BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_D
           SEESAW_CROSS_BOXES: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1"],
           SEESAW_CROSS_BOXES_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_TIMELINE=1"],
           EVEN_STARTS: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_UNIT_START_TILES=0"],
-          SEESAW_STARTS_ONLY: ["-DMLA_HOPPER_DISPATCH=1", "-DMLA_HOPPER_TMA_UNIT_START_TILES=0",
-                               "-DMLA_HOPPER_CP_UNIT_START_TILES=0"],
           SOFTMAX_FMUL: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1"],
           SOFTMAX_FMUL_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1",
                                                  "-DMLA_HOPPER_TIMELINE=1"],
@@ -307,8 +301,7 @@ SEESAW_PAIR_TENSOR_CYCLES = (2 * 36 * 2 * 64 * 64 * 16 + 4 * 4 * 2 * 64 * 256 * 
 def build_defines(variant: str) -> list[str]:
     """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`).
 
-    Every build but :data:`LOADER_CHOICE` and :data:`SEESAW_STARTS_ONLY` is made without the op's choice of kernel
-    (:data:`CP_ASYNC`).
+    Every build but :data:`LOADER_CHOICE` is made without the op's choice of kernel (:data:`CP_ASYNC`).
     """
     if variant in BUILDS:
         own = list(BUILDS[variant])

@@ -360,9 +360,9 @@ class HopperPlan:
     its output), then one slot a tile; a unit without tiles has none.  Block
     ``c`` of the ``blocks`` that get a share takes slots ``[start(c), start(c +
     1))`` with ``start(c) = c * W // blocks``, so shares differ by at most one
-    slot, and a share that starts more units gets fewer tiles.  Each main
-    kernel counts a start its own way (``start_slots``, see
-    :func:`mla_lab.stages.hopper_unit_start_slots`).
+    slot, and a share that starts more units gets fewer tiles.  Only the
+    seesaw counts starts (``start_slots`` > 0, see
+    :func:`mla_lab.stages.hopper_unit_start_slots`); elsewhere a slot is a tile.
 
     When there are no more groups than blocks, ``blocks`` is a multiple of the
     groups where that keeps at least 15/16 of them: every group's tiles are then

@@ -127,7 +127,7 @@ class Stage:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
         if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            cp_kernel, tma_kernel, _, _, combine, by_warps_kernel = HOPPER_KERNELS
+            cp_kernel, tma_kernel, _, combine, by_warps_kernel, _ = HOPPER_KERNELS
             see_kernel = hopper_seesaw_kernel_for(page_size)
             units = hopper_units(streams, q_len, heads, max_pages, page_size, splits)
             slices = hopper_combine_slices(splits, units, hopper_table_tiles(max_pages, page_size))
@@ -217,16 +217,11 @@ def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, pag
 
 def hopper_unit_start_slots(streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
                             splits: int) -> int:
-    """The slots of stage 10's plan a unit's start takes before its tiles, what starting a unit costs the main
-    kernel that runs the call, in tiles: HOPPER_SEE_UNIT_START_TILES where the seesaw runs (hopper_seesaw_pays,
-    unit_start_slots), HOPPER_TMA_UNIT_START_TILES where hopper_tma_kernel does (hopper_tma_pays), else
-    HOPPER_CP_UNIT_START_TILES, hopper_kernel's.  (A cache that gets no tensor map is gathered by hopper_kernel,
-    which counts its own.)"""
-    if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
-        return HOPPER_SEE_UNIT_START_TILES
-    if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits):
-        return HOPPER_TMA_UNIT_START_TILES
-    return HOPPER_CP_UNIT_START_TILES
+    """The slots of stage 10's plan a unit's start takes before its tiles (unit_start_slots): where the seesaw
+    runs (hopper_seesaw_pays), HOPPER_SEE_UNIT_START_TILES, what starting a unit costs it in tiles; elsewhere 0,
+    every slot a tile."""
+    pays = hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits)
+    return HOPPER_SEE_UNIT_START_TILES if pays else 0
 
 
 def hopper_see_tiles_per_block(page_size: int) -> int:
@@ -265,7 +260,7 @@ def hopper_seesaw_kernel_for(page_size: int) -> str:
     compiled for tiles of one box of 64 keys copied four chunks at once, with pages of 64 keys or a multiple;
     hopper_seesaw_any_pages_kernel, which asks how a tile's boxes lie, with pages of 16 or 32.  (The op also runs
     the second where the driver refuses the map of four chunks; with pages of 64 it has not here.)"""
-    _, _, whole_tiles, any_pages, _, _ = HOPPER_KERNELS
+    _, _, whole_tiles, _, _, any_pages = HOPPER_KERNELS
     return whole_tiles if page_size % HOPPER_KEYS_PER_TILE == 0 else any_pages
 
 
@@ -283,14 +278,12 @@ def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, pag
 # The four main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say which, and where
 # the seesaw runs, hopper_seesaw_kernel_for), and the two merges, one of which it launches (hopper_combine_by_warps
 # says which).
-HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_seesaw_any_pages_kernel",
-                  "hopper_combine_kernel", "hopper_merge_by_warps_kernel")
+HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_combine_kernel",
+                  "hopper_merge_by_warps_kernel", "hopper_seesaw_any_pages_kernel")
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
 HOPPER_SEE_TILES_PER_BLOCK = 15  # kSeeTilesPerBlock: pages of 64 keys or a multiple
 HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES = 56  # kSeeTilesPerBlockSmallPages: pages of 16 or 32
 HOPPER_SEE_UNIT_START_TILES = 5  # kSeeUnitStartTiles: a unit's start in the seesaw's plan, in tiles
-HOPPER_TMA_UNIT_START_TILES = 4  # kTmaUnitStartTiles: in hopper_tma_kernel's
-HOPPER_CP_UNIT_START_TILES = 1  # kCpUnitStartTiles: in hopper_kernel's
 HOPPER_ROWS_PAIRS = 64  # kRowsPairs: a seesaw unit's pairs, on wgmma's M
 HOPPER_PAIRS_PER_GROUP = 40
 HOPPER_THREADS = 384  # a loader warpgroup and two compute warpgroups

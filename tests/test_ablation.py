@@ -90,7 +90,7 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_fo
     # every build but loader_choice is made without the choice: its one main kernel is compared with the op's
     # cp.async kernel
     for name in list(ablation.BUILDS) + list(ablation.VARIANTS):
-        if name not in (ablation.LOADER_CHOICE, ablation.SEESAW_STARTS_ONLY):
+        if name != ablation.LOADER_CHOICE:
             assert ablation.build_defines(name)[-1] == ablation.NO_DISPATCH, name
 
 
@@ -107,25 +107,6 @@ def test_the_loader_choice_build_is_the_op_before_the_seesaw():
     assert _body(kernel_sass(cubin, "hopper_tma_kernel")) == _body(ablation.main_sass(ablation.TMA_FEWER_FENCES))
     assert "hopper_seesaw_kernel" not in cubin_sass(cubin) and "hopper_seesaw_kernel" in cubin_sass(
         compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0"))
-
-
-def test_the_seesaw_starts_only_build_is_the_op_with_two_plans_as_before():
-    """seesaw_starts_only: the op, its choice of kernel included, with hopper_kernel's and hopper_tma_kernel's plans
-    counting no starts.  Its seesaw kernels are the op's instruction for instruction; its other two main kernels do
-    the op's work, product for product and copy for copy, and differ only in the plan."""
-    from mla_lab.chapter_display import kernel_sass
-    from mla_lab.resources import compile_cubin
-
-    defines = ablation.build_defines(ablation.SEESAW_STARTS_ONLY)
-    assert defines == ["-DMLA_HOPPER_DISPATCH=1", "-DMLA_HOPPER_TMA_UNIT_START_TILES=0", "-DMLA_HOPPER_CP_UNIT_START_TILES=0"]
-    op = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0")
-    cubin = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0", defines, f"-{ablation.SEESAW_STARTS_ONLY}")
-    for kernel in ("hopper_seesaw_kernel", "hopper_seesaw_any_pages_kernel"):
-        assert _body(kernel_sass(cubin, kernel)) == _body(kernel_sass(op, kernel)), kernel
-    for kernel in ("hopper_kernel", "hopper_tma_kernel"):
-        mine, theirs = kernel_sass(op, kernel), kernel_sass(cubin, kernel)
-        assert _work_counts(mine) == _work_counts(theirs), kernel
-        assert _body(mine) != _body(theirs), kernel
 
 
 def test_the_fewer_fences_build_is_the_tma_build_with_its_fences_chosen(counts):

@@ -240,13 +240,19 @@ def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
         # Stage 10 has four main kernels and two merge kernels and launches one of each, or no merge where the
-        # table holds one tile at most: the others' geometry is a grid of 0 blocks.  (Of its two seesaw kernels,
-        # each reports the pages it is compiled for: the one stages.hopper_seesaw_kernel_for names.)
+        # table holds one tile at most: the others' geometry is a grid of 0 blocks.  Its two seesaw kernels report
+        # the same geometry wherever the seesaw runs (the host picks one per call from the cache's tensor map,
+        # seesaw_kernel_for): the one the call launches is the one stages.hopper_seesaw_kernel_for names.
         every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
         merges = 0 if st.persistent and mp * ps <= 64 else 1
-        assert [c["kernel"] for c in every] == list(st.kernels), st.id
-        assert sum(c["grid"][0] == 0 for c in every) == (6 - 1 - merges if st.persistent else 0), st.id
-        cpp = [c for c in every if c["grid"][0] > 0]
+        if st.persistent:
+            see = [c for c in every if c["kernel"].startswith("hopper_seesaw")]
+            assert len(see) == 2 and see[0]["grid"] == see[1]["grid"] and see[0]["block"] == see[1]["block"], st.id
+            every = [c for c in every if not c["kernel"].startswith("hopper_seesaw")
+                     or c["kernel"] == stages.hopper_seesaw_kernel_for(ps)]
+        assert sum(c["grid"][0] == 0 for c in every) == (5 - 1 - merges if st.persistent else 0), st.id
+        # (the main kernel first: hopper_seesaw_any_pages_kernel comes after the merges in stage 10's list)
+        cpp = sorted((c for c in every if c["grid"][0] > 0), key=lambda c: "combine" in c["kernel"] or "merge" in c["kernel"])
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
         assert len(cpp) == len(py) == (1 + merges if st.persistent or st.splits else 1), st.id
         for c, p in zip(cpp, py):

@@ -32,9 +32,8 @@ CASES = [
 ]
 
 
-# A unit's start slots: none (every slot a tile), and each main kernel's.
-START_SLOTS = [0, stages.HOPPER_CP_UNIT_START_TILES, stages.HOPPER_TMA_UNIT_START_TILES,
-               stages.HOPPER_SEE_UNIT_START_TILES]
+# A unit's start slots: none (every slot a tile), and the seesaw's.
+START_SLOTS = [0, stages.HOPPER_SEE_UNIT_START_TILES]
 
 
 @pytest.mark.parametrize("S", START_SLOTS)
@@ -227,20 +226,14 @@ def test_the_kernel_cuts_equal_short_units_by_the_same_rule():
 
 
 def test_the_kernel_counts_a_units_start_as_the_model_does():
-    """The start slots in the source: each kernel's constant, where the seesaw's count (only where the op runs it),
-    which count each main kernel gives its plan, and a unit without tiles getting none."""
+    """The seesaw's start slots in the source: the constant, where they count (only in the seesaw's plan, only where
+    the op runs it), and a unit without tiles getting none."""
     src = stage10_source()
     assert re.search(rf"#define MLA_HOPPER_UNIT_START_TILES {stages.HOPPER_SEE_UNIT_START_TILES}\b", src)
-    assert re.search(rf"#define MLA_HOPPER_TMA_UNIT_START_TILES {stages.HOPPER_TMA_UNIT_START_TILES}\b", src)
-    assert re.search(rf"#define MLA_HOPPER_CP_UNIT_START_TILES {stages.HOPPER_CP_UNIT_START_TILES}\b", src)
     assert re.search(r"return MLA_HOPPER_SEESAW && sh\.rows && seesaw_pays\(p\) \? kSeeUnitStartTiles : 0;", src)
     assert re.search(r"return tiles > 0 \? tiles \+ start_slots : 0;", src)
-    assert re.search(r"int S = kStartSlots < 0 \? unit_start_slots\(p, sh\) : kStartSlots;", src)
-    assert src.count("plan_share<kSeeThreads, -1, true>(") == 1 and src.count("plan_share<kThreads, kStartSlots>(") == 1
-    # hopper_kernel counts the gather's start, or the tensor copy's in the builds whose hopper_kernel copies by TMA;
-    # hopper_tma_kernel the tensor copy's
-    assert "hopper_main<false, kUseTma, kFenceGatheredOnly, kUseTma ? kTmaUnitStartTiles : kCpUnitStartTiles>(p, kv);" in src
-    assert "hopper_main<false, true, true, kTmaUnitStartTiles>(p, kv);" in src
+    assert re.search(r"const int S = kStartSlots \? unit_start_slots\(p, sh\) : 0;", src)
+    assert src.count("plan_share<kSeeThreads, true, true>(") == 1 and "plan_share<kThreads, true" not in src
     # the seesaw's order of shares (HopperPlan.share_of_block), and no other kernel's
     assert "return aligned ? (cta % groups) * (C / groups) + cta / groups : cta;" in src
     assert "groups > 1 && C > groups && C % groups == 0 && cta < C" in src
@@ -251,18 +244,9 @@ def test_the_kernel_counts_a_units_start_as_the_model_does():
 
 @pytest.mark.parametrize("B, T, H, pages, ps", [(1, 9, 64, 1025, 64), (8, 9, 64, 130, 64), (8, 9, 8, 1025, 64),
                                                 (1, 9, 64, 8, 64), (8, 16, 64, 4100, 16), (2, 9, 64, 2, 64)])
-def test_start_slots_follow_the_kernel_that_runs(B, T, H, pages, ps):
+def test_start_slots_only_where_the_seesaw_runs(B, T, H, pages, ps):
     S = stages.hopper_unit_start_slots(B, T, H, pages, ps, 132)
-    if stages.hopper_seesaw_pays(B, T, H, pages, ps, 132):
-        assert S == stages.HOPPER_SEE_UNIT_START_TILES
-    elif stages.hopper_tma_pays(B, T, H, pages, ps, 132):
-        assert S == stages.HOPPER_TMA_UNIT_START_TILES
-    else:
-        assert S == stages.HOPPER_CP_UNIT_START_TILES
-    main = stages.get("hopper").launches(B, T, H, pages, ps, 132)[0].kernel
-    assert main == {stages.HOPPER_SEE_UNIT_START_TILES: stages.hopper_seesaw_kernel_for(ps),
-                    stages.HOPPER_TMA_UNIT_START_TILES: "hopper_tma_kernel",
-                    stages.HOPPER_CP_UNIT_START_TILES: "hopper_kernel"}[S]
+    assert S == (stages.HOPPER_SEE_UNIT_START_TILES if stages.hopper_seesaw_pays(B, T, H, pages, ps, 132) else 0)
 
 
 @pytest.mark.parametrize("lens, T, H, blocks", [
@@ -475,8 +459,8 @@ def test_the_combine_grid_rule_matches_the_kernel():
     assert re.search(r"return \(\(int64_t\)p\.max_pages \* p\.page_size \+ kKeysPerTile - 1\) / kKeysPerTile;", src)
     assert re.search(r"return call_slices_10\(p\) == 1 && combine_by_warps\(p\.num_splits, shape_of\(p\)\.units\);", src)
     assert stages.HOPPER_KERNELS == ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel",
-                                     "hopper_seesaw_any_pages_kernel", "hopper_combine_kernel",
-                                     "hopper_merge_by_warps_kernel")
+                                     "hopper_combine_kernel", "hopper_merge_by_warps_kernel",
+                                     "hopper_seesaw_any_pages_kernel")
 
 
 def test_the_loader_rule_matches_the_kernel():
