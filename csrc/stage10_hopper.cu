@@ -190,8 +190,8 @@ constexpr int kBarTurn = 7;  // kBarTurn + group: warpgroup `group` may issue
 
 
 // The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
-// the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream has
-// at least 64 pairs and they fill their tiles (an eighth of padding at most),
+// the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream's
+// pairs fill their tiles (fills_rows: a third of padding at most),
 // the pairs are the M side of every product instead (64 pairs per unit, in
 // compute_rows and hopper_rows_kernel), and the two compute warpgroups split
 // the 512 output dims between them.
@@ -343,9 +343,21 @@ struct Shape {
   bool rows;   // the rows layout: groups of up to 64 pairs on wgmma's M
 };
 
-// Pairs that fill tiles of 64 on wgmma's M: 64 or more, an eighth of padding at most.
+// Pairs that fill tiles of 64 on wgmma's M: padded to whole tiles, at most a
+// third more rows than pairs (so 48 pairs or more).  Per pair and key the
+// seesaw's tile of 64 pairs on M outruns the tile of up to 80 on N by more
+// than that padding costs: on the H200, 9 rows x 16 heads (144 pairs, three
+// tiles of 48), 5 x 32 (160) and 3 x 32 (96) took 0.72 to 0.93 of the time of
+// the tile on N, and 72 pairs (two tiles of 36) or 80 took up to 1.14 of it.
+// As first written the line was an eighth of padding and 64 pairs or more (the
+// build fill_eighth, MLA_HOPPER_FILL_EIGHTH; chapter 10 times both).
+#ifndef MLA_HOPPER_FILL_EIGHTH
+#define MLA_HOPPER_FILL_EIGHTH 0
+#endif
 __host__ __device__ constexpr bool fills_rows(int pairs) {
-  return pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs;
+  return MLA_HOPPER_FILL_EIGHTH
+             ? pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs
+             : 3 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 4 * pairs;
 }
 __host__ __device__ constexpr bool rows_layout(int pairs) { return kRowsMode != 0 && fills_rows(pairs); }
 

@@ -41,8 +41,8 @@ says how long each phase takes and for how much of a tile both warpgroups are
 in their softmax at once, when neither has a product on the tensor cores.
 
 The :data:`ROWS_BUILDS` compute in another layout (``-DMLA_HOPPER_ROWS=1``):
-where a stream has 64 pairs or more and they fill their ``wgmma`` tiles (at
-most an eighth of padding), the pairs are the M of every product (64 per
+where a stream's pairs fill their ``wgmma`` tiles (at most a third of
+padding, so 48 pairs or more), the pairs are the M of every product (64 per
 unit, ``S = Q K^T`` with N = 64 keys, ``O += P V`` with N = 64 dims), and the two
 compute warpgroups score alternate tiles and split the 512 output dims; the
 main kernel is then ``hopper_rows_kernel``.  ``rows`` is that kernel whole
@@ -122,8 +122,12 @@ kernel once the scheduler has cut the work (the combine still runs);
 which is right only where no unit is cut; ``no_q`` does all of the op's work
 except copying the units' ``Q`` (its answers are wrong: it is for timing only).
 
-Three builds keep a part of the op as it was first written, so that a chapter
-can time what its change was worth; their answers are right.  ``direct_out``
+Four builds keep a part of the op as it was first written, so that a chapter
+can time what its change was worth; their answers are right.  ``fill_eighth``
+(``-DMLA_HOPPER_FILL_EIGHTH=1``, built with the op's choice of kernel) runs the
+seesaw only where a stream has 64 pairs or more with an eighth of padding at
+most, where the op runs it with up to a third (9 rows of 16 heads, 144 pairs,
+in three units of 48, say).  ``direct_out``
 (``-DMLA_HOPPER_DIRECT_OUT=1``) stores a whole unit's bf16 rows straight from
 the ``wgmma`` fragments, half a sector at a time, where the op stages them in
 shared memory and writes whole lines.  ``wide_combine``
@@ -231,6 +235,10 @@ MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 # The op without its choice of loader (-DMLA_HOPPER_DISPATCH=0): every call gathers its tiles with cp.async, as
 # every other build here does, so that each build is compared with this one rather than with the op, which copies
 # the tiles of long calls by TMA (hopper_tma_kernel) or runs them on the crossed seesaw (hopper_seesaw_kernel).
+# The op with the seesaw's line for a stream's pairs as first written: 64 pairs or more and an eighth of padding at
+# most (the op takes a third of padding, and so 48 pairs or more).  Built with the op's choice of kernel, like
+# LOADER_CHOICE: it differs from the op only where a stream's pairs pad their tiles by an eighth to a third.
+FILL_EIGHTH = "fill_eighth"
 CP_ASYNC = "cp_async"
 # The op with its choice of loader and without the seesaw (-DMLA_HOPPER_SEESAW=0): its two main kernels, hopper_kernel
 # and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
@@ -239,6 +247,7 @@ LOADER_CHOICE = "loader_choice"
 # The crossed order with its page lookups by steps: the builds below it add one define each.
 _CROSS_STEPS = ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"]
 BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"],
+          FILL_EIGHTH: ["-DMLA_HOPPER_FILL_EIGHTH=1", "-DMLA_HOPPER_DISPATCH=1"],
           TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
           EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
           SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
@@ -301,7 +310,8 @@ SEESAW_PAIR_TENSOR_CYCLES = (2 * 36 * 2 * 64 * 64 * 16 + 4 * 4 * 2 * 64 * 256 * 
 def build_defines(variant: str) -> list[str]:
     """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`).
 
-    Every build but :data:`LOADER_CHOICE` is made without the op's choice of kernel (:data:`CP_ASYNC`).
+    Every build but :data:`LOADER_CHOICE` and :data:`FILL_EIGHTH` is made without the op's choice of kernel
+    (:data:`CP_ASYNC`).
     """
     if variant in BUILDS:
         own = list(BUILDS[variant])

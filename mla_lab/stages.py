@@ -188,10 +188,14 @@ def hopper_groups(q_len: int, heads: int) -> int:
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
-def hopper_fills_rows(pairs: int) -> bool:
-    """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows): 64 or more, with an eighth
-    of padding at most."""
-    return pairs >= HOPPER_ROWS_PAIRS and 8 * (-(-pairs // HOPPER_ROWS_PAIRS) * HOPPER_ROWS_PAIRS) <= 9 * pairs
+def hopper_fills_rows(pairs: int, eighth: bool = False) -> bool:
+    """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows): padded to whole tiles, at
+    most a third more rows than pairs (so 48 or more).  ``eighth``: the line as first written (the build
+    fill_eighth), 64 pairs or more with an eighth of padding at most."""
+    padded = -(-pairs // HOPPER_ROWS_PAIRS) * HOPPER_ROWS_PAIRS
+    if eighth:
+        return pairs >= HOPPER_ROWS_PAIRS and 8 * padded <= 9 * pairs
+    return 3 * padded <= 4 * pairs
 
 
 def hopper_tma_pages(page_size: int) -> bool:
@@ -353,7 +357,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("hopper", 10, "Hopper: wgmma, a warp-specialised pipeline, balanced work", "10_hopper.ipynb",
           "keys as the wgmma M side and up to 80 (row, head) pairs as N; a loader warpgroup feeds two compute "
           "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler; long calls "
-          "of 64 pairs or more a stream: 64 pairs as M, two warpgroups in FlashMLA's seesaw, tiles by TMA",
+          "whose pairs fill tiles of 64 with a third of padding at most: 64 pairs as M, two warpgroups in FlashMLA's "
+          "seesaw, tiles by TMA",
           "cuda", "stage10_hopper.cu", "hopper_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
           splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
           persistent=True),

@@ -520,8 +520,18 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert re.search(r"const Shape sh = shape_in\(p, true\);", src)
     assert re.search(r"fills_rows\(p\.q_len \* p\.num_heads\) && tma_pages\(p\.page_size\) &&\s*"
                      r"\(!MLA_HOPPER_DISPATCH \|\| seesaw_pays\(p\)\);", src)
-    assert re.search(r"return pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
-                     r"9 \* pairs;", src)
+    # pairs fill their tiles with a third of padding at most (an eighth, 64 pairs or more, in the build fill_eighth)
+    assert re.search(r": 3 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= 4 \* pairs;", src)
+    assert re.search(r"\? pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
+                     r"9 \* pairs", src)
+    assert re.search(r"#define MLA_HOPPER_FILL_EIGHTH 0\n", src)
+    fills = stages.hopper_fills_rows
+    assert [p for p in range(1, 400) if fills(p)] == [p for p in range(48, 400) if 3 * (-(-p // 64) * 64) <= 4 * p]
+    assert fills(48) and not fills(47) and fills(96) and fills(144) and fills(160) and not fills(72) and not fills(80)
+    assert not fills(136) and fills(576) and fills(1152)
+    assert [p for p in range(1, 400) if fills(p, eighth=True)] == [p for p in range(64, 400)
+                                                                    if 8 * (-(-p // 64) * 64) <= 9 * p]
+    assert not fills(144, eighth=True) and fills(120, eighth=True) and not fills(48, eighth=True)
     pays, tma, hop = stages.hopper_seesaw_pays, stages.hopper_tma_pays, stages.get("hopper")
     # 16 units of 64 pairs, pages of 64: 124 tiles each give 15 a block over 132 blocks (15.03), 123 do not (14.9)
     assert pays(1, 16, 64, 124, 64, 132) and not pays(1, 16, 64, 123, 64, 132) and tma(1, 16, 64, 123, 64, 132)
@@ -534,6 +544,8 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert pays(8, 9, 64, 28, 64, 132) and not pays(8, 9, 64, 27, 64, 132)  # 15.3 and 14.7
     assert not pays(8, 9, 8, 1025, 64, 132)  # 72 pairs leave 56 of 128 rows empty: never the seesaw
     assert pays(8, 16, 8, 1025, 64, 132)  # 128 pairs: two whole units a stream
+    assert pays(8, 9, 16, 1025, 64, 132) and pays(8, 3, 16, 1025, 64, 132)  # 144 and 48 pairs: a third of padding
+    assert not pays(8, 5, 16, 1025, 64, 132)  # 80 pairs leave 48 of 128 rows empty
     assert not pays(8, 16, 64, 1025, 48, 132) and not pays(8, 16, 64, 1025, 8, 132)  # pages TMA cannot read
     assert pays(8, 16, 64, 4097, 16, 132) and pays(8, 16, 64, 2049, 32, 132) and pays(8, 16, 64, 513, 128, 132)
     assert not pays(8, 16, 64, 4097, 16, 8448)  # more blocks, fewer tiles each
