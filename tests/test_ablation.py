@@ -717,7 +717,8 @@ def test_the_op_runs_the_seesaw_where_it_pays_and_is_right(problem):
     _right_again_in_a_graph(call, ref)
     one_block = stages.hopper_seesaw_pays(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
                                           problem.page_size, 1)
-    assert ("hopper_seesaw_kernel" in kernels) == one_block
+    # (either seesaw kernel: for whole tiles, or for pages of 16 or 32)
+    assert any(k.startswith("hopper_seesaw") for k in kernels) == one_block, kernels
 
 
 def test_the_ops_seesaw_problems_reach_the_seesaw():
