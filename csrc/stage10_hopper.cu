@@ -344,18 +344,22 @@ struct Shape {
 };
 
 // Pairs that fill tiles of 64 on wgmma's M: padded to whole tiles, at most a
-// third more rows than pairs (so 48 pairs or more).  Per pair and key the
-// seesaw's tile of 64 pairs on M outruns the tile of up to 80 on N by more
-// than that padding costs: on the H200, 9 rows x 16 heads (144 pairs, three
-// tiles of 48), 5 x 32 (160) and 3 x 32 (96) took 0.72 to 0.93 of the time of
-// the tile on N, and 72 pairs (two tiles of 36) or 80 took up to 1.14 of it.
-// As first written the line was an eighth of padding and 64 pairs or more (the
-// build fill_eighth, MLA_HOPPER_FILL_EIGHTH; chapter 10 times both).
+// third more rows than pairs (so 48 pairs or more) where the seesaw reads
+// whole tiles (pages of 64 keys or a multiple, `whole_tiles`), else at most an
+// eighth more and 64 pairs or more.  Per pair and key the seesaw's tile of 64
+// pairs on M, compiled for whole tiles, outruns the tile of up to 80 on N by
+// more than that padding costs: on the H200, 9 rows x 16 heads (144 pairs,
+// three tiles of 48), 5 x 32 (160), 7 x 16 (112), 3 x 32 (96) and 3 x 16 (48)
+// took 0.73 to 0.92 of the time of the tile on N, and 72 pairs (two tiles of
+// 36) or 80 up to 1.14 of it; with pages of 16, where the seesaw asks how a
+// tile's boxes lie, 144 pairs took 1.09 of it.  As first written the line was
+// an eighth for every page size (the build fill_eighth, MLA_HOPPER_FILL_EIGHTH;
+// chapter 10 times both).
 #ifndef MLA_HOPPER_FILL_EIGHTH
 #define MLA_HOPPER_FILL_EIGHTH 0
 #endif
-__host__ __device__ constexpr bool fills_rows(int pairs) {
-  return MLA_HOPPER_FILL_EIGHTH
+__host__ __device__ constexpr bool fills_rows(int pairs, bool whole_tiles = true) {
+  return MLA_HOPPER_FILL_EIGHTH || !whole_tiles
              ? pairs >= kRowsPairs && 8 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 9 * pairs
              : 3 * ((pairs + kRowsPairs - 1) / kRowsPairs * kRowsPairs) <= 4 * pairs;
 }
@@ -468,7 +472,8 @@ __host__ __device__ inline bool seesaw_pays(const MlaParams& p) {
   return units * unit_tiles_bound(p) >= (int64_t)see_tiles_per_block(p.page_size) * p.num_splits;
 }
 __host__ __device__ inline bool seesaw_layout(const MlaParams& p) {
-  return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads) && tma_pages(p.page_size) &&
+  return MLA_HOPPER_SEESAW && !kRowsMode && fills_rows(p.q_len * p.num_heads, p.page_size % kKeysPerTile == 0) &&
+         tma_pages(p.page_size) &&
          (!MLA_HOPPER_DISPATCH || seesaw_pays(p));
 }
 

@@ -190,8 +190,9 @@ def hopper_groups(q_len: int, heads: int) -> int:
 
 def hopper_fills_rows(pairs: int, eighth: bool = False) -> bool:
     """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows): padded to whole tiles, at
-    most a third more rows than pairs (so 48 or more).  ``eighth``: the line as first written (the build
-    fill_eighth), 64 pairs or more with an eighth of padding at most."""
+    most a third more rows than pairs (so 48 or more).  ``eighth``: the line with pages of 16 or 32 (where the
+    seesaw asks how a tile's boxes lie), and for every page size as first written (the build fill_eighth): 64
+    pairs or more with an eighth of padding at most."""
     padded = -(-pairs // HOPPER_ROWS_PAIRS) * HOPPER_ROWS_PAIRS
     if eighth:
         return pairs >= HOPPER_ROWS_PAIRS and 8 * padded <= 9 * pairs
@@ -215,7 +216,8 @@ def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, pag
     host cannot see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same
     units.)"""
     units = streams * hopper_seesaw_groups(q_len, heads)
-    return (hopper_fills_rows(q_len * heads) and hopper_tma_pages(page_size)
+    return (hopper_fills_rows(q_len * heads, eighth=page_size % HOPPER_KEYS_PER_TILE != 0)
+            and hopper_tma_pages(page_size)
             and units * hopper_table_tiles(max_pages, page_size) >= hopper_see_tiles_per_block(page_size) * splits)
 
 

@@ -670,7 +670,8 @@ SEESAW_PROBLEMS = [
     Problem(streams=2, q_len=16, heads=8, prefix=(5000, 1), page_size=64, scattered=True),  # 128 pairs: two units
     Problem(streams=40, q_len=2, heads=64, prefix=tuple(range(0, 4000, 100)), page_size=64),  # mixed lengths
     Problem(streams=2, q_len=9, heads=64, prefix=(16384, 9001), page_size=64),       # many tiles a block
-    Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144 pairs: three units of 48
+    Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=64),        # 144 pairs: three units of 48
+    Problem(streams=2, q_len=9, heads=16, prefix=(3001, 129), page_size=16),        # 144, pages of 16: the op's kernel
     Problem(streams=2, q_len=9, heads=8, prefix=(3001, 129), page_size=64),         # 72 pairs: the op's kernel
     Problem(streams=2, q_len=4, heads=16, prefix=(700, 33), page_size=1),           # pages of 1: the op's kernel
     # a unit a stream, of lengths mixed so that many blocks end (and start) in a stream's last tiles
@@ -723,7 +724,8 @@ def test_the_op_runs_the_seesaw_where_it_pays_and_is_right(problem):
 
 def test_the_ops_seesaw_problems_reach_the_seesaw():
     """Most of the seesaw's problems cross the op's line to the seesaw with three blocks or one, 144 pairs (a third
-    of padding) among them, and the ones it leaves to the op's other kernels (72 pairs, pages of 1) never do."""
+    of padding) with pages of 64 among them, and the ones it leaves to the op's other kernels (72 pairs, 144 with
+    pages of 16, pages of 1) never do."""
     from mla_lab import stages
 
     def reaches(p, splits):
@@ -731,8 +733,9 @@ def test_the_ops_seesaw_problems_reach_the_seesaw():
 
     assert sum(reaches(p, 1) for p in SEESAW_PROBLEMS) >= 9
     assert sum(reaches(p, 3) for p in SEESAW_PROBLEMS) >= 7
-    assert any(reaches(p, 1) for p in SEESAW_PROBLEMS if p.q_len * p.heads == 144)
-    assert not any(reaches(p, 1) for p in SEESAW_PROBLEMS if p.q_len * p.heads == 72 or p.page_size == 1)
+    assert any(reaches(p, 1) for p in SEESAW_PROBLEMS if p.q_len * p.heads == 144 and p.page_size == 64)
+    assert not any(reaches(p, 1) for p in SEESAW_PROBLEMS
+                   if p.q_len * p.heads == 72 or p.page_size == 1 or (p.q_len * p.heads == 144 and p.page_size == 16))
 
 
 @needs_gpu

@@ -518,9 +518,11 @@ def test_the_seesaw_rule_matches_the_kernel():
                      r"kKeysPerTile - 1\) / kKeysPerTile;", src)
     # the seesaw kernel is launched only where the rule holds and takes its shape as known
     assert re.search(r"const Shape sh = shape_in\(p, true\);", src)
-    assert re.search(r"fills_rows\(p\.q_len \* p\.num_heads\) && tma_pages\(p\.page_size\) &&\s*"
-                     r"\(!MLA_HOPPER_DISPATCH \|\| seesaw_pays\(p\)\);", src)
-    # pairs fill their tiles with a third of padding at most (an eighth, 64 pairs or more, in the build fill_eighth)
+    assert re.search(r"fills_rows\(p\.q_len \* p\.num_heads, p\.page_size % kKeysPerTile == 0\) &&\s*"
+                     r"tma_pages\(p\.page_size\) &&\s*\(!MLA_HOPPER_DISPATCH \|\| seesaw_pays\(p\)\);", src)
+    # pairs fill their tiles with a third of padding at most where the seesaw reads whole tiles (an eighth, 64 pairs
+    # or more, with pages of 16 or 32, and in the build fill_eighth)
+    assert re.search(r"return MLA_HOPPER_FILL_EIGHTH \|\| !whole_tiles\s*\? pairs", src)
     assert re.search(r": 3 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= 4 \* pairs;", src)
     assert re.search(r"\? pairs >= kRowsPairs && 8 \* \(\(pairs \+ kRowsPairs - 1\) / kRowsPairs \* kRowsPairs\) <= "
                      r"9 \* pairs", src)
@@ -545,6 +547,9 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert not pays(8, 9, 8, 1025, 64, 132)  # 72 pairs leave 56 of 128 rows empty: never the seesaw
     assert pays(8, 16, 8, 1025, 64, 132)  # 128 pairs: two whole units a stream
     assert pays(8, 9, 16, 1025, 64, 132) and pays(8, 3, 16, 1025, 64, 132)  # 144 and 48 pairs: a third of padding
+    assert pays(8, 9, 16, 513, 128, 132)  # pages of 128: whole tiles too
+    assert not pays(8, 9, 16, 4097, 16, 132) and not pays(8, 9, 16, 2049, 32, 132)  # pages of 16, 32: an eighth
+    assert pays(8, 15, 8, 4097, 16, 132)  # 120 pairs: an eighth of padding, so with pages of 16 too
     assert not pays(8, 5, 16, 1025, 64, 132)  # 80 pairs leave 48 of 128 rows empty
     assert not pays(8, 16, 64, 1025, 48, 132) and not pays(8, 16, 64, 1025, 8, 132)  # pages TMA cannot read
     assert pays(8, 16, 64, 4097, 16, 132) and pays(8, 16, 64, 2049, 32, 132) and pays(8, 16, 64, 513, 128, 132)
