@@ -126,8 +126,8 @@ Four builds keep a part of the op as it was first written, so that a chapter
 can time what its change was worth; their answers are right.  ``fill_eighth``
 (``-DMLA_HOPPER_FILL_EIGHTH=1``, built with the op's choice of kernel) runs the
 seesaw only where a stream has 64 pairs or more with an eighth of padding at
-most, where the op runs it with up to a third (9 rows of 16 heads, 144 pairs,
-in three units of 48, say).  ``direct_out``
+most, where the op runs it with up to a third with pages of 64 keys or a
+multiple (9 rows of 16 heads, 144 pairs, in three units of 48, say).  ``direct_out``
 (``-DMLA_HOPPER_DIRECT_OUT=1``) stores a whole unit's bf16 rows straight from
 the ``wgmma`` fragments, half a sector at a time, where the op stages them in
 shared memory and writes whole lines.  ``wide_combine``
@@ -235,15 +235,17 @@ MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 # The op without its choice of loader (-DMLA_HOPPER_DISPATCH=0): every call gathers its tiles with cp.async, as
 # every other build here does, so that each build is compared with this one rather than with the op, which copies
 # the tiles of long calls by TMA (hopper_tma_kernel) or runs them on the crossed seesaw (hopper_seesaw_kernel).
-# The op with the seesaw's line for a stream's pairs as first written: 64 pairs or more and an eighth of padding at
-# most (the op takes a third of padding, and so 48 pairs or more).  Built with the op's choice of kernel, like
-# LOADER_CHOICE: it differs from the op only where a stream's pairs pad their tiles by an eighth to a third.
-FILL_EIGHTH = "fill_eighth"
 CP_ASYNC = "cp_async"
 # The op with its choice of loader and without the seesaw (-DMLA_HOPPER_SEESAW=0): its two main kernels, hopper_kernel
 # and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
-# it also ran the crossed seesaw where that pays.  The one build made with the op's choice.
+# it also ran the crossed seesaw where that pays.  One of the two builds made with the op's choice (FILL_EIGHTH the
+# other).
 LOADER_CHOICE = "loader_choice"
+# The op with the seesaw's line for a stream's pairs as first written: 64 pairs or more and an eighth of padding at
+# most (the op takes a third of padding with pages of 64 keys or a multiple, and so 48 pairs or more).  Built with
+# the op's choice of kernel, like LOADER_CHOICE: it differs from the op only where a stream's pairs pad their tiles
+# by an eighth to a third and the pages hold whole tiles.
+FILL_EIGHTH = "fill_eighth"
 # The crossed order with its page lookups by steps: the builds below it add one define each.
 _CROSS_STEPS = ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"]
 BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"],
