@@ -129,10 +129,13 @@ def _hypothesis_missing() -> str | None:
 
 
 def run_gpu(plan: Plan, parts, stage_ids, seed: int, jobs: int) -> dict:
+    import torch
+
     from . import badinput, extremes, fuzz, sanitize, stress
     from .ops import load_ops
 
     load_ops()  # build before any child process needs it
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     sts, skipped = runnable_stages(stage_ids)
     rec: dict = {"stages": [st.id for st in sts], "stages_skipped": skipped}
     _say(f"stages: {', '.join(rec['stages'])}")
@@ -145,7 +148,8 @@ def run_gpu(plan: Plan, parts, stage_ids, seed: int, jobs: int) -> dict:
         t0 = time.perf_counter()
         res = extremes.run(sts, "cuda")
         rec["extremes"] = {"seconds": round(time.perf_counter() - t0, 1),
-                           "results": {sid: {k: v.as_dict() for k, v in r.items()} for sid, r in res.items()}}
+                           "results": {sid: {k: v.as_dict() for k, v in r.items()} for sid, r in res.items()},
+                           "reached": {st.id: extremes.kernels_reached(st, sms) for st in cuda}}
         _print_extremes(rec["extremes"])
     if "soak" in parts:
         _say(f"\ngraph soak (every {plan.soak_compare_every}th replay of the longest soak compared with an eager call)")
@@ -154,11 +158,17 @@ def run_gpu(plan: Plan, parts, stage_ids, seed: int, jobs: int) -> dict:
         for st in sts:
             n = plan.soak_replays if st is main_stage else plan.soak_other_replays
             every = plan.soak_compare_every if st is main_stage else max(1, n // 10)
-            try:
-                rec["soak"].append(stress.soak(st, n, every, seed=seed))
-            except Exception as e:  # noqa: BLE001
-                rec["soak"].append(dict(stage=st.id, replays=0, compared=0, mismatches=1, error=_first_line(e)))
-            _print_soak_row(rec["soak"][-1])
+            # A persistent stage (stage 10) soaks its seesaw too, which the first shape does not reach.
+            shapes = [(stress.SOAK, n, every)]
+            if st.persistent:
+                shapes.append((stress.SEESAW_SOAK, plan.soak_other_replays, max(1, plan.soak_other_replays // 10)))
+            for shape, n, every in shapes:
+                try:
+                    rec["soak"].append(stress.soak(st, n, every, seed=seed, shape=shape))
+                except Exception as e:  # noqa: BLE001
+                    rec["soak"].append(dict(stage=st.id, replays=0, compared=0, mismatches=1, error=_first_line(e),
+                                            shape=shape.describe()))
+                _print_soak_row(rec["soak"][-1])
     if "concurrency" in parts:
         _say(f"\ntwo CUDA streams at once ({plan.concurrency_iterations} calls of each stage)")
         rec["concurrency"] = []
@@ -229,17 +239,20 @@ def run_gpu(plan: Plan, parts, stage_ids, seed: int, jobs: int) -> dict:
                 tallies.append(tally)
             if problem:
                 problems.append(problem)
+        fuzz_cases = fuzz.generate_for(fuzz.GPU_LIMITS, sts, plan.fuzz_per_stage, seed)  # the shards' cases
         rec["fuzz"] = dict(seed=seed, per_stage_target=plan.fuzz_per_stage, limits=asdict(fuzz.GPU_LIMITS),
                            limits_text=fuzz.GPU_LIMITS.describe(), slow_stage_caps={k: asdict(v) for k, v in
                                                                                     fuzz.SLOW_STAGE_CAPS.items()},
-                           shards=len(tallies), problems=problems, stages=fuzz.merge(tallies))
+                           shards=len(tallies), problems=problems, stages=fuzz.merge(tallies),
+                           reached={st.id: fuzz.kernels_reached(st, fuzz_cases, sms) for st in cuda})
         for line in lines[:20]:
             _say(line)
     if "sanitizer" in parts:
         runs = [done[("sanitizer", key)] for kind, key, _ in tasks if kind == "sanitizer"]
         rec["sanitizer"] = dict(tools=list(plan.tools), triton_tools=list(plan.triton_tools),
-                                workloads=[label for label, _, _ in sanitize.WORKLOADS] + ["spoiled streams"],
+                                workloads=[label for label, _, _ in sanitize.WORKLOADS + sanitize.SPOILED_WORKLOADS],
                                 kernels={st.id: kernels_of(st) for st in sts},
+                                reached={st.id: sanitize.kernels_reached(st, sms) for st in sts if st.is_cuda},
                                 runs=[r.as_dict() if not isinstance(r, Exception) else
                                       dict(stage="?", tool="?", status="failed", reason=_first_line(r)) for r in runs])
     if "bad_inputs" in parts:
@@ -548,6 +561,7 @@ def readme_section(rec: dict | None = None) -> str:
                              f" B and {main['memory_end']['reserved']:,} B.")
                 lines.append("")
         lines += _later_stage_records(rec)
+        lines += _kernels_never_checked(rec)
         failing = _failures(rec)
         if failing:
             lines.append("Where it falls short:")
@@ -567,15 +581,67 @@ def readme_section(rec: dict | None = None) -> str:
                  f"compared, {FULL.soak_other_replays:,} of each other stage, every "
                  f"{FULL.soak_other_replays // 10:,}th compared (`--quick`: {QUICK.soak_replays:,} / "
                  f"{QUICK.soak_other_replays:,}); "
-                 f"{stress.SOAK_STREAMS} streams, q_len {stress.SOAK_Q_LEN}, {stress.SOAK_HEADS} heads")
+                 f"{stress.SOAK_STREAMS} streams, q_len {stress.SOAK_Q_LEN}, {stress.SOAK_HEADS} heads; stage 10 also "
+                 f"{FULL.soak_other_replays:,} replays of its seesaw ({stress.SEESAW_SOAK.describe()})")
     lines.append(f"- concurrency: each pair of neighbouring stages, {FULL.concurrency_iterations} calls each on two "
                  f"streams; extreme values: {', '.join(KINDS)}")
+    lines.append("- " + reach_sentence())
     lines += ["", "Every bad input and what it gets (the messages as the checks give them now, for CPU tensors; on a "
                   "GPU they name `cuda:0`). Shapes, dtypes, strides, alignment, devices, the scale and `num_splits` "
                   "are checked on every call, `check=False` included; lengths and page ids are contents, which only "
                   "`attention()`'s checks read (a host sync), so without them the kernels answer NaN for the stream:",
               "", badinput.markdown_table()]
     return "\n".join(lines)
+
+
+def reach_sentence(device: str = "h200") -> str:
+    """Which kernels the sanitizer's workloads and the extreme values launch on ``device``, from the registry."""
+    from . import extremes, sanitize
+    from .roofline import DEVICES
+    from .stages import cuda_stages
+
+    spec = DEVICES[device]
+    missed = []
+    for part, reached in (("the sanitizer's workloads", sanitize.kernels_reached),
+                          ("the extreme values", extremes.kernels_reached)):
+        for st in cuda_stages():
+            left = [k for k in st.kernels if k not in reached(st, spec.sms)]
+            if left:
+                missed.append(f"{part} do not reach {', '.join(f'`{k}`' for k in left)} of `{st.id}`")
+    where = f"on the {spec.name} ({spec.sms} SMs), by the registry's account of every launch"
+    if not missed:
+        return (f"kernels reached: the sanitizer's workloads and the extreme values launch every kernel of every CUDA "
+                f"stage {where} (stage 10 takes its tensor copy's and its seesaw's kernels only where the table "
+                f"gives each block enough tiles: those workloads ask for two or four blocks)")
+    return f"kernels reached {where}: " + "; ".join(missed)
+
+
+def _kernels_never_checked(rec: dict, others: list[dict] | None = None) -> list[str]:
+    """A sentence for each stage with kernels that no recorded check ran under the sanitizer (added since).
+    ``others``: the other records (default: every full one in results/check/)."""
+    from .stages import cuda_stages
+
+    if others is None:
+        others = [r for r in (load_record(p) for p in sorted(CHECKS.glob("*.json")) if not p.stem.endswith("-quick"))
+                  if r and r["_path"] != rec["_path"]]
+    recs = [rec, *others]
+    lines = []
+    for st in cuda_stages():
+        seen = set()
+        for r in recs:
+            san = r.get("sanitizer", {})
+            seen |= set(san.get("reached", san.get("kernels", {})).get(st.id, []))
+        if st.id not in rec["stages"] or not seen:
+            continue
+        never = [k for k in st.kernels if k not in seen]
+        if never:
+            latest = max((r for r in recs if st.id in r.get("stages", [])), key=lambda r: r["date"])
+            lines.append(f"`{st.id}` has kernels that no recorded check has run: "
+                         f"{', '.join(f'`{k}`' for k in never)} (added after the latest, at commit "
+                         f"{latest.get('commit') or 'unknown'}). `mla-lab check --stages {st.id}` on a GPU runs them: "
+                         f"its workloads reach every kernel now (below).")
+            lines.append("")
+    return lines
 
 
 def _later_stage_records(rec: dict) -> list[str]:

@@ -45,8 +45,18 @@ DRAFT_ONLY_PROBLEMS = (
     Problem(streams=1, q_len=1, heads=1, prefix=0, page_size=1),
     Problem(streams=2, q_len=9, heads=64, prefix=0, page_size=64, scattered=False),
 )
+# Stage 10 has three main kernels besides the one the shapes above reach (hopper_kernel): the tensor copy's, and the
+# seesaw's two (64 pairs on wgmma's M, with a softmax and an exchange of maxima of their own).  It takes them only
+# where the table gives each block enough tiles (12; 15 for the seesaw, 56 with pages of 16), so with FEW_BLOCKS
+# blocks: HUGE_PROBLEM reaches hopper_tma_kernel, the two below hopper_seesaw_kernel (pages of 64) and
+# hopper_seesaw_any_pages_kernel (pages of 16), each long stream cut between the blocks and merged.  The other split
+# stages run these with as many splits.
+FEW_BLOCKS = 2
+HUGE_SEESAW_PROBLEM = Problem(streams=2, q_len=8, heads=8, prefix=(40, 1100), page_size=64)
+IDENTICAL_SEESAW_PROBLEM = Problem(streams=2, q_len=4, heads=16, prefix=(3600, 37), page_size=16)
 CPU_SIZE = {HUGE_PROBLEM: dict(prefix=(40, 150)), IDENTICAL_PROBLEM: dict(prefix=(0, 37, 150)),
-            DRAFT_ONLY_PROBLEMS[0]: dict(prefix=(0, 60, 0)), DRAFT_ONLY_PROBLEMS[2]: dict(heads=16)}
+            DRAFT_ONLY_PROBLEMS[0]: dict(prefix=(0, 60, 0)), DRAFT_ONLY_PROBLEMS[2]: dict(heads=16),
+            HUGE_SEESAW_PROBLEM: dict(prefix=(40, 150)), IDENTICAL_SEESAW_PROBLEM: dict(prefix=(150, 37))}
 
 
 def _sized(p: Problem, device) -> Problem:
@@ -58,6 +68,7 @@ class ExtremeCase:
     kind: str
     workload: Workload
     expected_out: torch.Tensor | None  # exact bf16 answer, where one is known
+    num_splits: int | None = None  # for the split stages; None: the stage's own count
 
 
 def _positions(w: Workload, b: int, length: int):
@@ -70,8 +81,9 @@ def _uniform(shape, lo, hi, gen, device):
     return (lo + (hi - lo) * torch.rand(shape, generator=gen)).to(torch.bfloat16).to(device)
 
 
-def _planted(kind: str, device, seed: int) -> ExtremeCase:
-    w = make_workload(_sized(HUGE_PROBLEM, device), device=device, seed=seed, poison=True)
+def _planted(kind: str, device, seed: int, problem: Problem = HUGE_PROBLEM,
+             num_splits: int | None = None) -> ExtremeCase:
+    w = make_workload(_sized(problem, device), device=device, seed=seed, poison=True)
     gen = torch.Generator().manual_seed(seed)
     sign, (lo, hi), (plo, phi) = {"huge_positive": (1.0, (-0.25, 0.25), (0.4, 0.6)),
                                   "huge_negative": (-1.0, (0.2, 0.6), (0.05, 0.1))}[kind]
@@ -86,11 +98,12 @@ def _planted(kind: str, device, seed: int) -> ExtremeCase:
         pages, slots = _positions(w, b, L)
         w.kv_cache[pages, slots] = keys
         expected[b] = keys[planted, :D_V]
-    return ExtremeCase(kind, w, expected)
+    return ExtremeCase(kind, w, expected, num_splits)
 
 
-def _identical(device, seed: int) -> ExtremeCase:
-    w = make_workload(_sized(IDENTICAL_PROBLEM, device), device=device, seed=seed, poison=True)
+def _identical(device, seed: int, problem: Problem = IDENTICAL_PROBLEM,
+               num_splits: int | None = None) -> ExtremeCase:
+    w = make_workload(_sized(problem, device), device=device, seed=seed, poison=True)
     gen = torch.Generator().manual_seed(seed)
     B, T, H, _ = w.q.shape
     expected = torch.empty(B, T, H, D_V, dtype=torch.bfloat16, device=device)
@@ -100,12 +113,16 @@ def _identical(device, seed: int) -> ExtremeCase:
         pages, slots = _positions(w, b, L)
         w.kv_cache[pages, slots] = key
         expected[b] = key[:D_V]
-    return ExtremeCase("identical_keys", w, expected)
+    return ExtremeCase("identical_keys", w, expected, num_splits)
 
 
 def cases(device="cpu", seed: int = 7) -> list[ExtremeCase]:
     out = [_planted("huge_positive", device, seed), _planted("huge_negative", device, seed + 1),
            _identical(device, seed + 2)]
+    for i, problem in enumerate((HUGE_PROBLEM, HUGE_SEESAW_PROBLEM)):
+        out += [_planted("huge_positive", device, seed + 10 + 2 * i, problem, FEW_BLOCKS),
+                _planted("huge_negative", device, seed + 11 + 2 * i, problem, FEW_BLOCKS)]
+    out += [_identical(device, seed + 14, IDENTICAL_SEESAW_PROBLEM, FEW_BLOCKS)]
     out += [ExtremeCase("draft_only", make_workload(_sized(p, device), device=device, seed=seed + 3 + i, poison=True), None)
             for i, p in enumerate(DRAFT_ONLY_PROBLEMS)]
     return out
@@ -137,6 +154,21 @@ def judge(case: ExtremeCase, stage_id: str, out, lse, ref_out, ref_lse) -> Verdi
                        f"lse relative error {rel:.1e} (lse ~ {float(ref_lse.flatten()[0]):.2e})")
 
 
+def kernels_reached(st: Stage, sms: int) -> list[str]:
+    """The kernels of CUDA stage ``st`` that these cases launch on a GPU of ``sms`` SMs (the GPU's sizes)."""
+    from .stages import kernels_of_call
+
+    seen: list[str] = []
+    calls = [(HUGE_PROBLEM, None), (IDENTICAL_PROBLEM, None), *((p, None) for p in DRAFT_ONLY_PROBLEMS),
+             *((p, FEW_BLOCKS) for p in (HUGE_PROBLEM, HUGE_SEESAW_PROBLEM, IDENTICAL_SEESAW_PROBLEM))]
+    for p, ns in calls:
+        for k in kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size,
+                                 ns if st.splits else None, sms):
+            if k not in seen:
+                seen.append(k)
+    return seen
+
+
 def run(stages: list[Stage], device="cpu", models: bool = False) -> dict:
     """{stage id: {kind: Verdict}}; several problems of one kind must all pass."""
     from .ops import attention
@@ -150,13 +182,14 @@ def run(stages: list[Stage], device="cpu", models: bool = False) -> dict:
             assert torch.equal(ref_out.to(torch.bfloat16), case.expected_out), f"reference fails {case.kind}"
         for st in stages:
             try:
+                splits = case.num_splits if (st.splits or st.kind == "triton") else None
                 if models and st.is_cuda:
                     from .models import run_model
 
-                    out, lse, _ = run_model(st.id, w, 3 if st.splits else None)
+                    out, lse, _ = run_model(st.id, w, (splits or 3) if st.splits else None)
                 else:
                     out, lse = w.new_outputs(poison=True)
-                    attention(st, *w.args(), out=out, lse=lse)
+                    attention(st, *w.args(), out=out, lse=lse, num_splits=splits)
                 v = judge(case, st.id, out, lse, ref_out, ref_lse)
             except Exception as e:  # noqa: BLE001 - reported
                 v = Verdict(False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

@@ -201,6 +201,20 @@ def generate(limits: Limits, count: int, seed: int = 0) -> list[FuzzCase]:
     return found
 
 
+def kernels_reached(st: Stage, cases: list[FuzzCase], sms: int) -> dict[str, int]:
+    """{kernel: cases that launch it} for CUDA stage ``st`` on a GPU of ``sms`` SMs, by the registry's account of
+    each call (:func:`stages.kernels_of_call`; the tables as :func:`build` makes them)."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        if not admitted(st, c):
+            continue
+        p = c.problem
+        for k in _stages.kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size,
+                                         splits_for(st, c), sms):
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
 def admitted(st: Stage, case: FuzzCase) -> bool:
     cap = SLOW_STAGE_CAPS.get(st.id)
     return cap is None or cap.admits(case)

@@ -81,6 +81,10 @@ class Problem:
     def pages_per_stream(self) -> tuple[int, ...]:
         return tuple(-(-n // self.page_size) for n in self.kv_lens)
 
+    def table_width(self, spare_table_slots: int = 1) -> int:
+        """The block table's columns in :func:`make_workload`: the longest stream's pages and the spare slots."""
+        return max(self.pages_per_stream) + spare_table_slots
+
     def with_(self, **changes) -> "Problem":
         return replace(self, **changes)
 
@@ -152,7 +156,7 @@ def make_workload(
     P = problem.page_size
     need = problem.pages_per_stream
     num_pages = sum(need) + spare_pages
-    width = max(need) + spare_table_slots
+    width = problem.table_width(spare_table_slots)
 
     if problem.scattered:
         order = torch.randperm(num_pages, generator=gen)

@@ -50,16 +50,28 @@ WORKLOADS = (
     # with 4 blocks each has 12 tiles: stage 10 copies them by TMA (hopper_tma_kernel)
     ("q_len 9, 8 heads, pages of 16, 4 blocks", Problem(streams=2, q_len=9, heads=8, prefix=(700, 1500), page_size=16),
      (4,)),
+    # Stage 10's seesaw (64 pairs on wgmma's M) runs where the table gives each block 15 tiles or more (56 with pages
+    # of 16 or 32): with two blocks, these short streams reach its two kernels, hopper_seesaw_kernel (pages of 64)
+    # and hopper_seesaw_any_pages_kernel (pages of 16), and the long stream is cut between the blocks.
+    ("q_len 8, 8 heads, pages of 64, 2 blocks", Problem(streams=2, q_len=8, heads=8, prefix=(1100, 517), page_size=64),
+     (2,)),
+    ("q_len 4, 16 heads, pages of 16, 2 blocks", Problem(streams=2, q_len=4, heads=16, prefix=(3600, 37),
+                                                          page_size=16), (2,)),
 )
-# The spoiled workload: stream 0 valid; 1: a page id past the pool inside its length;
+# The spoiled workloads: stream 0 valid; 1: a page id past the pool inside its length;
 # 2: a length beyond its block table; 3: a negative page id; 4: a negative length.
 SPOILED = Problem(streams=5, q_len=4, heads=8, prefix=(100, 60, 80, 40, 20), page_size=16)
+# ... and the same spoils in stage 10's seesaw (hopper_seesaw_kernel, with two blocks).
+SPOILED_SEESAW = Problem(streams=5, q_len=8, heads=8, prefix=(1100, 900, 1000, 800, 700), page_size=64)
+SPOILED_WORKLOADS = (("spoiled streams (NaN expected for streams 1-4)", SPOILED, (None, 5)),
+                     ("spoiled streams, q_len 8, 8 heads, pages of 64, 2 blocks", SPOILED_SEESAW, (2,)))
 
 
-def spoil(bt: torch.Tensor, lens: torch.Tensor, num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+def spoil(bt: torch.Tensor, lens: torch.Tensor, num_pages: int,
+          page_size: int = SPOILED.page_size) -> tuple[torch.Tensor, torch.Tensor]:
     bt, lens = bt.clone(), lens.clone()
-    bt[1, 1] = num_pages  # one past the pool, inside stream 1's 64 tokens
-    lens[2] = bt.shape[1] * SPOILED.page_size + 5
+    bt[1, 1] = num_pages  # one past the pool, inside stream 1's length (two pages or more)
+    lens[2] = bt.shape[1] * page_size + 5
     bt[3, 0] = -1
     lens[4] = -7
     bt[0, -1] = POISON_PAGE_ID  # an unused slot of a valid stream: must not be read
@@ -86,12 +98,14 @@ def drive(stage_id: str, device: str = "cuda", spoiled_only: bool = False) -> di
     st = _stages.get(stage_id)
     report = {"stage": stage_id, "workloads": [], "ok": True}
     items = [] if spoiled_only else [(label, p, splits, False) for label, p, splits in WORKLOADS]
-    items.append(("spoiled streams (NaN expected for streams 1-4)", SPOILED, (None,) if spoiled_only else (None, 5),
-                  True))
+    if spoiled_only:  # the first spoiled workload, at the stage's own split count
+        items.append((SPOILED_WORKLOADS[0][0], SPOILED_WORKLOADS[0][1], (None,), True))
+    else:
+        items += [(label, p, splits, True) for label, p, splits in SPOILED_WORKLOADS]
     for label, p, splits, spoiled in items:
         w = make_workload(p, device="cpu", seed=11, poison=True)
         ref_out, ref_lse = reference_attention(*w.args())
-        bt, lens = (spoil(w.block_table, w.kv_lens, w.kv_cache.shape[0]) if spoiled
+        bt, lens = (spoil(w.block_table, w.kv_lens, w.kv_cache.shape[0], p.page_size) if spoiled
                     else (w.block_table, w.kv_lens))
         args = [t.to(device) for t in (w.q, w.kv_cache, bt, lens)]
         for ns in splits:
@@ -114,6 +128,20 @@ def drive(stage_id: str, device: str = "cuda", spoiled_only: bool = False) -> di
             report["workloads"].append({"label": label, "num_splits": ns, "ok": ok, "detail": detail})
             report["ok"] &= ok
     return report
+
+
+def kernels_reached(st: Stage, sms: int) -> list[str]:
+    """The kernels of CUDA stage ``st`` that the driver's workloads launch on a GPU of ``sms`` SMs (each tool sees
+    only what runs), by the registry's account of every launch (:func:`stages.kernels_of_call`)."""
+    seen: list[str] = []
+    for _, p, splits in WORKLOADS + SPOILED_WORKLOADS:
+        for ns in splits:
+            if ns is not None and not st.splits:
+                continue  # as drive() skips it
+            for k in _stages.kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size, ns, sms):
+                if k not in seen:
+                    seen.append(k)
+    return seen
 
 
 # ---- the parent: one process per (tool, stage) ---------------------------------------------

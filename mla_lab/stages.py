@@ -404,6 +404,17 @@ def cuda_stages() -> tuple[Stage, ...]:
     return tuple(s for s in STAGES if s.is_cuda)
 
 
+def kernels_of_call(st: Stage, streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
+                    num_splits: int | None, sms: int) -> list[str]:
+    """The kernels one call of CUDA stage ``st`` launches on a GPU of ``sms`` SMs, with ``num_splits`` blocks a
+    stream (a persistent stage: blocks in all), or where None, the stage's own count.  That count matters only to
+    stage 10, whose grid is a block an SM and whose kernels depend on it; the other split stages launch the same
+    two kernels at any count.  So the check can say, on the CPU, which kernels its workloads reach."""
+    if num_splits is None:
+        num_splits = max(1, min(sms, MAX_SPLITS)) if st.persistent else 1
+    return [launch.kernel for launch in st.launches(streams, q_len, heads, max_pages, page_size, num_splits)]
+
+
 def choose_num_splits(stage: Stage, streams: int, q_len: int, heads: int, max_kv_len: int,
                       sms: int, blocks_per_sm: int) -> int:
     """How many key ranges a split stage cuts each stream into.

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -26,21 +27,44 @@ TOLERANCE = {"triton": 3e-3}
 # pages (up to 512 tokens per stream), 8 sets of lengths and tables.
 SOAK_STREAMS, SOAK_Q_LEN, SOAK_HEADS, SOAK_PAGE, SOAK_TABLE_PAGES, SOAK_VARIANTS = 4, 9, 16, 16, 32, 8
 
+
+@dataclass(frozen=True)
+class SoakShape:
+    streams: int = SOAK_STREAMS
+    q_len: int = SOAK_Q_LEN
+    heads: int = SOAK_HEADS
+    page: int = SOAK_PAGE
+    table_pages: int = SOAK_TABLE_PAGES
+    variants: int = SOAK_VARIANTS
+    num_splits: int | None = None  # None: the stage's own count
+
+    def describe(self) -> str:
+        blocks = "" if self.num_splits is None else f", {self.num_splits} blocks"
+        return (f"{self.streams} streams, q_len {self.q_len}, {self.heads} heads, pages of {self.page}, tables of "
+                f"{self.table_pages} pages, {self.variants} sets of lengths and tables{blocks}")
+
+
+SOAK = SoakShape()
+# Stage 10's seesaw, which the shape above does not reach (144 pairs with pages of 16): 64 pairs a stream, pages of
+# 64, and 8 blocks, so that the table's 4 x 32 tiles give each block the seesaw's 15.  Its plan, and which units it
+# cuts, change with every set of lengths.
+SEESAW_SOAK = SoakShape(streams=4, q_len=8, heads=8, page=64, table_pages=32, num_splits=8)
+
 CONCURRENT_A = Problem(streams=3, q_len=9, heads=16, prefix=(1500, 700, 3000), page_size=16)
 CONCURRENT_B = Problem(streams=2, q_len=4, heads=64, prefix=(2000, 333), page_size=1)
 
 
-def _variants(num_pages: int, gen: torch.Generator, device):
+def _variants(num_pages: int, gen: torch.Generator, device, shape: SoakShape = SOAK):
     """Lengths and scattered tables for the soak: each stream its own pages, unused slots poisoned."""
     out = []
-    cap = SOAK_TABLE_PAGES * SOAK_PAGE
-    for _ in range(SOAK_VARIANTS):
-        lens = torch.randint(SOAK_Q_LEN, cap + 1, (SOAK_STREAMS,), generator=gen, dtype=torch.int32)
-        table = torch.full((SOAK_STREAMS, SOAK_TABLE_PAGES), POISON_PAGE_ID, dtype=torch.int32)
+    cap = shape.table_pages * shape.page
+    for _ in range(shape.variants):
+        lens = torch.randint(shape.q_len, cap + 1, (shape.streams,), generator=gen, dtype=torch.int32)
+        table = torch.full((shape.streams, shape.table_pages), POISON_PAGE_ID, dtype=torch.int32)
         order = torch.randperm(num_pages, generator=gen).to(torch.int32)
         used = 0
         for b, L in enumerate(lens.tolist()):
-            n = -(-L // SOAK_PAGE)
+            n = -(-L // shape.page)
             table[b, :n] = order[used:used + n]
             used += n
         out.append((table.to(device), lens.to(device)))
@@ -53,24 +77,26 @@ def _memory() -> dict:
     return dict(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(), device_free=free)
 
 
-def soak(st: Stage, replays: int, compare_every: int = 1000, *, seed: int = 0) -> dict:
+def soak(st: Stage, replays: int, compare_every: int = 1000, *, seed: int = 0, shape: SoakShape = SOAK) -> dict:
     from .ops import attention, default_num_splits, runner
     from .reference import reference_attention
     from .timing import cuda_graph
 
     gen = torch.Generator().manual_seed(seed)
-    num_pages = SOAK_STREAMS * SOAK_TABLE_PAGES + 8
-    problem = Problem(streams=SOAK_STREAMS, q_len=SOAK_Q_LEN, heads=SOAK_HEADS, prefix=0, page_size=SOAK_PAGE)
-    q = torch.randn(SOAK_STREAMS, SOAK_Q_LEN, SOAK_HEADS, D_QK, generator=gen).to(torch.bfloat16).cuda()
-    kv = torch.randn(num_pages, SOAK_PAGE, D_QK, generator=gen).to(torch.bfloat16).cuda()
-    variants = _variants(num_pages, gen, "cuda")
+    num_pages = shape.streams * shape.table_pages + 8
+    problem = Problem(streams=shape.streams, q_len=shape.q_len, heads=shape.heads, prefix=0, page_size=shape.page)
+    q = torch.randn(shape.streams, shape.q_len, shape.heads, D_QK, generator=gen).to(torch.bfloat16).cuda()
+    kv = torch.randn(num_pages, shape.page, D_QK, generator=gen).to(torch.bfloat16).cuda()
+    variants = _variants(num_pages, gen, "cuda", shape)
     refs = [reference_attention(q, kv, t, l, problem.scale) for t, l in variants]
     table, lens = variants[0][0].clone(), variants[0][1].clone()  # what the graph reads; rewritten in place
     w = Workload(problem=problem, q=q, kv_cache=kv, block_table=table, kv_lens=lens)
-    ns = default_num_splits(st, q, kv, table) if st.splits else None
+    ns = None
+    if st.splits:
+        ns = shape.num_splits if shape.num_splits is not None else default_num_splits(st, q, kv, table)
     call = runner(st, w, num_splits=ns)
     graph = cuda_graph(call)
-    order = torch.randint(0, SOAK_VARIANTS, (replays,), generator=gen).tolist()
+    order = torch.randint(0, shape.variants, (replays,), generator=gen).tolist()
     tol = TOLERANCE.get(st.id, DEFAULT_TOL)
 
     def compare_now(v: int):
@@ -113,8 +139,7 @@ def soak(st: Stage, replays: int, compare_every: int = 1000, *, seed: int = 0) -
                 memory_growth=max(0, mem_end["allocated"] - mem_start["allocated"])
                 + max(0, mem_end["reserved"] - mem_start["reserved"]),
                 first_mismatches=first,
-                shape=f"{SOAK_STREAMS} streams, q_len {SOAK_Q_LEN}, {SOAK_HEADS} heads, pages of {SOAK_PAGE}, "
-                      f"tables of {SOAK_TABLE_PAGES} pages, {SOAK_VARIANTS} sets of lengths and tables")
+                shape=shape.describe())
 
 
 def concurrency(a: Stage, b: Stage, iterations: int, *, seed: int = 0) -> dict:

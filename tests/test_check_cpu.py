@@ -61,6 +61,19 @@ def test_gpu_cases_cover_the_ranges(gpu_cases):
     assert any(c.num_splits is None for c in cs) and any(c.num_splits for c in cs)
 
 
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("st", CUDA, ids=lambda s: s.id)
+def test_the_full_fuzz_reaches_every_kernel(gpu_cases, st):
+    """The full check's fuzz (seed 0, 1000 cases a stage) launches each of a stage's kernels many times on an H200:
+    stage 10's tensor copy and seesaw kernels run only where the table gives each block enough tiles."""
+    assert check.FULL.fuzz_per_stage == 1000
+    counts = fuzz.kernels_reached(st, gpu_cases, H200_SMS)
+    assert set(counts) == set(st.kernels), counts
+    assert min(counts.values()) >= 10, counts
+
+
 def test_every_stage_gets_its_thousand_cases(gpu_cases):
     for st in ALL:
         assert sum(fuzz.admitted(st, c) for c in gpu_cases) >= 1000, st.id
@@ -253,12 +266,44 @@ def test_parse_a_run_that_never_finished():
     assert r.status == "wrong answer"
 
 
-def test_spoiled_workload_spoils_what_it_says():
+@pytest.mark.parametrize("st", CUDA, ids=lambda s: s.id)
+def test_the_sanitizer_and_the_extreme_values_reach_every_kernel(st):
+    """Each tool sees only the kernels that run: on an H200 the driver's workloads launch every kernel of every
+    stage (stage 10's seesaw kernels among them, with two blocks), and so do the extreme values."""
+    assert set(sanitize.kernels_reached(st, H200_SMS)) == set(st.kernels)
+    assert set(extremes.kernels_reached(st, H200_SMS)) == set(st.kernels)
+    assert "every kernel of every CUDA stage" in check.reach_sentence()
+
+
+def test_stage_10s_seesaw_is_in_the_soak():
+    from mla_lab import stress
+
+    hop = stages.get("hopper")
+    for shape, kernel in ((stress.SOAK, "hopper_kernel"), (stress.SEESAW_SOAK, "hopper_seesaw_kernel")):
+        launched = stages.kernels_of_call(hop, shape.streams, shape.q_len, shape.heads, shape.table_pages, shape.page,
+                                          shape.num_splits, H200_SMS)
+        assert launched[0] == kernel, (shape, launched)
+
+
+def test_kernels_no_record_has_checked_are_named():
+    rec = dict(_path="a.json", date="2030-01-01", stages=["hopper"], commit="abc",
+               sanitizer=dict(kernels={"hopper": ["hopper_kernel", "hopper_tma_kernel"]}))
+    line, blank = check._kernels_never_checked(rec, others=[])
+    hop = stages.get("hopper")
+    for k in hop.kernels:
+        assert (f"`{k}`" in line) == (k not in ("hopper_kernel", "hopper_tma_kernel")), line
+    assert blank == "" and "commit abc" in line
+    rec["sanitizer"]["reached"] = {"hopper": list(hop.kernels)}
+    assert check._kernels_never_checked(rec, others=[]) == []
+
+
+@pytest.mark.parametrize("label,problem,splits", sanitize.SPOILED_WORKLOADS, ids=["pages16", "seesaw"])
+def test_spoiled_workload_spoils_what_it_says(label, problem, splits):
     from mla_lab.problem import make_workload
 
-    w = make_workload(sanitize.SPOILED, seed=0)
-    bt, lens = sanitize.spoil(w.block_table, w.kv_lens, w.kv_cache.shape[0])
-    P = sanitize.SPOILED.page_size
+    w = make_workload(problem, seed=0)
+    bt, lens = sanitize.spoil(w.block_table, w.kv_lens, w.kv_cache.shape[0], problem.page_size)
+    P = problem.page_size
     assert int(bt[1, 1]) == w.kv_cache.shape[0] and 1 * P < int(lens[1])  # a used slot points past the pool
     assert int(lens[2]) > bt.shape[1] * P and int(bt[3, 0]) == -1 and int(lens[4]) < 0
     assert torch.equal(bt[0, :-1], w.block_table[0, :-1]) and int(lens[0]) == int(w.kv_lens[0])

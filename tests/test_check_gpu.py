@@ -93,6 +93,16 @@ def test_graph_soak_short(runnable):
     assert r["memory_growth"] == 0, (r["memory_start"], r["memory_end"])
 
 
+def test_graph_soak_of_the_seesaw(runnable):
+    """Stage 10's seesaw in a graph, its lengths and tables rewritten between replays (the soak above runs its
+    other kernel)."""
+    st = stages.get("hopper")
+    _here(runnable, st)
+    r = stress.soak(st, 2000, 200, shape=stress.SEESAW_SOAK)
+    assert r["compared"] == 10 and r["mismatches"] == 0 and r["bitwise_equal"] == 10, r["first_mismatches"]
+    assert r["memory_growth"] == 0, (r["memory_start"], r["memory_end"])
+
+
 def test_two_streams_equal_sequential(runnable):
     ok = runnable[0]
     a, b = ok[-1], ok[len(ok) // 2]
