@@ -26,6 +26,8 @@
 #             and the L2 side: the sectors the SMs asked for, and the L2 request coalescer's two read counters.
 #             FlashMLA on the same workload: PROFILE="hopper 8 9 64 16384 --page-size 64 --peer flashmla"
 #             PROFILE_KERNEL=flash_fwd_splitkv_mla PROFILE_NAME=flashmla
+#   check     mla-lab check, full, on the stages in CHECK_STAGES (default "hopper"; "all" for every stage):
+#             sanitizer, fuzz, soak, concurrency, bad inputs, extreme values; recorded in results/check/
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
 #   nbval     the chapters against their stored outputs
 #   chapters  execute, then nbval
@@ -84,6 +86,15 @@ for s in "${steps[@]}"; do
         $MLA bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 \
             | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
+    check)
+      step check
+      gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
+      chosen=${CHECK_STAGES:-hopper}
+      # a run of a few stages is recorded beside the full one (the README reads both)
+      stages_arg="--stages $chosen --out results/check/$gpu-${chosen// /-}.json"
+      [ "$chosen" = all ] && stages_arg=""
+      $MLA check $stages_arg 2>&1 | tail -n 60 | tee "$OUT/check.log"
+      cp results/check/*.json "$OUT/" 2>/dev/null ;;
     execute)
       step execute
       $MLA chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
