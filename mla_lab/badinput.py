@@ -256,7 +256,7 @@ def bad_args(case: BadInput, st: Stage, device="cpu", seed: int = 0) -> dict:
 
 
 def _splits(st: Stage, a: dict):
-    return a["ns"] if (st.splits or st.kind == "triton" or a["ns"] is not None) else None
+    return a["ns"] if (st.takes_num_splits or a["ns"] is not None) else None
 
 
 def call_api(st: Stage, a: dict, check: bool = True):

@@ -156,17 +156,11 @@ def judge(case: ExtremeCase, stage_id: str, out, lse, ref_out, ref_lse) -> Verdi
 
 def kernels_reached(st: Stage, sms: int) -> list[str]:
     """The kernels of CUDA stage ``st`` that these cases launch on a GPU of ``sms`` SMs (the GPU's sizes)."""
-    from .stages import kernels_of_call
+    from .stages import kernels_reached as reached
 
-    seen: list[str] = []
     calls = [(HUGE_PROBLEM, None), (IDENTICAL_PROBLEM, None), *((p, None) for p in DRAFT_ONLY_PROBLEMS),
              *((p, FEW_BLOCKS) for p in (HUGE_PROBLEM, HUGE_SEESAW_PROBLEM, IDENTICAL_SEESAW_PROBLEM))]
-    for p, ns in calls:
-        for k in kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size,
-                                 ns if st.splits else None, sms):
-            if k not in seen:
-                seen.append(k)
-    return seen
+    return reached(st, [(p, ns if st.takes_num_splits else None) for p, ns in calls], sms)
 
 
 def run(stages: list[Stage], device="cpu", models: bool = False) -> dict:
@@ -182,7 +176,7 @@ def run(stages: list[Stage], device="cpu", models: bool = False) -> dict:
             assert torch.equal(ref_out.to(torch.bfloat16), case.expected_out), f"reference fails {case.kind}"
         for st in stages:
             try:
-                splits = case.num_splits if (st.splits or st.kind == "triton") else None
+                splits = case.num_splits if st.takes_num_splits else None
                 if models and st.is_cuda:
                     from .models import run_model
 

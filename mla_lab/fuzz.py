@@ -208,9 +208,7 @@ def kernels_reached(st: Stage, cases: list[FuzzCase], sms: int) -> dict[str, int
     for c in cases:
         if not admitted(st, c):
             continue
-        p = c.problem
-        for k in _stages.kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size,
-                                         splits_for(st, c), sms):
+        for k in _stages.kernels_reached(st, [(c.problem, splits_for(st, c))], sms):
             counts[k] = counts.get(k, 0) + 1
     return counts
 
@@ -332,7 +330,7 @@ class StageTally:
 
 def splits_for(st: Stage, case: FuzzCase) -> int | None:
     """The split count a stage is given: the case's, where the stage takes one."""
-    return case.num_splits if (st.splits or st.kind == "triton") else None
+    return case.num_splits if st.takes_num_splits else None
 
 
 def run_stage(st: Stage, built: Built, ref_out, ref_lse):

@@ -208,7 +208,7 @@ def runner(stage: str | Stage, w: Workload, *, num_splits: int | None = None,
             def call():
                 op(w.q, w.kv_cache, w.block_table, w.kv_lens, scale, out, lse)
     call.out, call.lse = out, lse  # type: ignore[attr-defined]
-    call.num_splits = ns if st.kind == "triton" or st.splits else None  # type: ignore[attr-defined]
+    call.num_splits = ns if st.takes_num_splits else None  # type: ignore[attr-defined]
     return call
 
 

@@ -109,7 +109,7 @@ def drive(stage_id: str, device: str = "cuda", spoiled_only: bool = False) -> di
                     else (w.block_table, w.kv_lens))
         args = [t.to(device) for t in (w.q, w.kv_cache, bt, lens)]
         for ns in splits:
-            if ns is not None and not (st.splits or st.kind == "triton"):
+            if ns is not None and not st.takes_num_splits:
                 continue
             out_cpu, lse_cpu = w.new_outputs(poison=True)
             out, lse = out_cpu.to(device), lse_cpu.to(device)  # poisoned by copy, not by a fill kernel
@@ -133,15 +133,9 @@ def drive(stage_id: str, device: str = "cuda", spoiled_only: bool = False) -> di
 def kernels_reached(st: Stage, sms: int) -> list[str]:
     """The kernels of CUDA stage ``st`` that the driver's workloads launch on a GPU of ``sms`` SMs (each tool sees
     only what runs), by the registry's account of every launch (:func:`stages.kernels_of_call`)."""
-    seen: list[str] = []
-    for _, p, splits in WORKLOADS + SPOILED_WORKLOADS:
-        for ns in splits:
-            if ns is not None and not st.splits:
-                continue  # as drive() skips it
-            for k in _stages.kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size, ns, sms):
-                if k not in seen:
-                    seen.append(k)
-    return seen
+    calls = [(p, ns) for _, p, splits in WORKLOADS + SPOILED_WORKLOADS for ns in splits
+             if ns is None or st.takes_num_splits]  # as drive() skips them
+    return _stages.kernels_reached(st, calls, sms)
 
 
 # ---- the parent: one process per (tool, stage) ---------------------------------------------

@@ -68,6 +68,11 @@ class Stage:
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def takes_num_splits(self) -> bool:
+        """Whether a call may pass ``num_splits``: the split stages, and the Triton baseline (its split count)."""
+        return self.splits or self.kind == "triton"
+
     def runs_on(self, major: int, minor: int) -> bool:
         """Whether its kernels run on a GPU of compute capability ``major.minor`` (the op refuses others)."""
         cc = 10 * major + minor
@@ -413,6 +418,17 @@ def kernels_of_call(st: Stage, streams: int, q_len: int, heads: int, max_pages: 
     if num_splits is None:
         num_splits = max(1, min(sms, MAX_SPLITS)) if st.persistent else 1
     return [launch.kernel for launch in st.launches(streams, q_len, heads, max_pages, page_size, num_splits)]
+
+
+def kernels_reached(st: Stage, calls, sms: int) -> list[str]:
+    """The kernels of CUDA stage ``st`` that ``calls`` launch, in the order first launched: ``(problem, num_splits)``
+    pairs, each with the block table :func:`mla_lab.problem.make_workload` makes (:func:`kernels_of_call`)."""
+    seen: list[str] = []
+    for p, ns in calls:
+        for k in kernels_of_call(st, p.streams, p.q_len, p.heads, p.table_width(), p.page_size, ns, sms):
+            if k not in seen:
+                seen.append(k)
+    return seen
 
 
 def choose_num_splits(stage: Stage, streams: int, q_len: int, heads: int, max_kv_len: int,

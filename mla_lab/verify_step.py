@@ -70,7 +70,7 @@ class VerifyStep:
             else:
                 num_splits = 1
         self.num_splits = num_splits
-        self._ns = num_splits if st.splits or st.kind == "triton" else None  # what attention() takes
+        self._ns = num_splits if st.takes_num_splits else None  # what attention() takes
         self._real = streams
         self.graph: torch.cuda.CUDAGraph | None = None
         if graph:
