@@ -1,12 +1,12 @@
 // Stage 10 with part of its work taken away, for chapter 10's budget of a tile,
 // or with a timeline of its tiles.
 //
-// mla_lab/ablation.py compiles this file beside stage10_hopper.cu with
+// mla_lab/book/experiments.py compiles this file beside stage10_hopper.cu with
 // -DMLA_HOPPER_ABLATE=1, 2 or 3, or with -DMLA_HOPPER_TIMELINE=1 or
 // -DMLA_HOPPER_MERGE_TIMELINE=1 (see that file), into a small module of its own:
 // the answers of the first three are wrong on purpose, and the timelines only
 // add clock reads, so none becomes an op.
-// The caller checks its arguments as the op does (mla_lab.validate) before
+// The caller checks its arguments as the op does (mla_lab.core.validate) before
 // the first call; the checks here only keep a wrong call from reaching the GPU.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -61,7 +61,7 @@ static_assert(128 * kLoaderRegs + 256 * kComputeRegs <= kThreads * ((65536 / kTh
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the softmax reference before it moves
 
-// Taking work away, for chapter 10's budget of a tile (mla_lab/ablation.py
+// Taking work away, for chapter 10's budget of a tile (mla_lab/book/experiments.py
 // builds these; the op is always built with 0).  MLA_HOPPER_ABLATE = 1: the
 // loader reads neither the cache nor the block table, it zeroes the ring once
 // and publishes each chunk as soon as its slot is free.  2: the compute
@@ -74,7 +74,7 @@ constexpr float kRescaleLog2 = 8.f;              // how far a score may pass the
 constexpr bool kCopyKeys = (MLA_HOPPER_ABLATE & 1) == 0;
 constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 
-// The loader's other way, for chapter 10 (mla_lab/ablation.py builds it as
+// The loader's other way, for chapter 10 (mla_lab/book/experiments.py builds it as
 // the variants "tma" and "tma_first"; the op is always built with 0).  With
 // MLA_HOPPER_TMA = 1, where the cache's pages hold a multiple or a divisor of
 // 64 keys (16 at the least), whole key tiles are copied by TMA (load_keys_tma)
@@ -87,7 +87,7 @@ constexpr bool kDoMath = (MLA_HOPPER_ABLATE & 2) == 0;
 constexpr bool kUseTma = MLA_HOPPER_TMA != 0;
 constexpr bool kTmaFirst = MLA_HOPPER_TMA == 2;
 
-// The proxy fence, only where it is needed (mla_lab/ablation.py builds it with
+// The proxy fence, only where it is needed (mla_lab/book/experiments.py builds it with
 // the TMA loader as "tma_fewer_fences"; the op is always built with 0).  The
 // tensor cores read shared memory through the async proxy; cp.async writes it
 // through the generic proxy, so a compute warp fences (fence.proxy.async) after
@@ -111,14 +111,14 @@ constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 // block has many tiles (seesaw_pays), else the tensor copy where each block
 // has a dozen tiles or more (tma_pays: it saved up to 8% of such calls, and
 // cost up to 5% of a short one), else the gather.  With MLA_HOPPER_DISPATCH = 0
-// (mla_lab/ablation.py builds it as "cp_async") the op always gathers, as
+// (mla_lab/book/experiments.py builds it as "cp_async") the op always gathers, as
 // chapter 10's builds do: each of them is built without the choice, so that it
 // is compared with the op's cp.async kernel.
 #ifndef MLA_HOPPER_DISPATCH
 #define MLA_HOPPER_DISPATCH 1
 #endif
 
-// The parts of a short call, for chapter 10 (mla_lab/ablation.py builds them
+// The parts of a short call, for chapter 10 (mla_lab/book/experiments.py builds them
 // as "launch_only", "scheduler_only" and "no_combine"; the op is always built
 // with 0).  MLA_HOPPER_CALL_PART = 1: both kernels are launched, and each
 // returns as soon as it may read its inputs.  2: the main kernel returns once
@@ -131,7 +131,7 @@ constexpr bool kFenceGatheredOnly = MLA_HOPPER_FENCE_GATHERED_ONLY != 0;
 #endif
 constexpr int kCallPart = MLA_HOPPER_CALL_PART;
 
-// A tile's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
+// A tile's timeline, for chapter 10 (mla_lab/book/experiments.py builds it as the
 // variant "timeline"; the op is always built with 0).  With
 // MLA_HOPPER_TIMELINE = 1, thread 0 of each compute warpgroup of block 0
 // writes the SM's clock at six points of each of its first kStampTiles tiles,
@@ -152,7 +152,7 @@ __device__ float tile_stamps[2][kStampTiles][kStampEvents];
 #define MLA_STAMP(event)
 #endif
 
-// Early scores, for chapter 10 (mla_lab/ablation.py builds it as
+// Early scores, for chapter 10 (mla_lab/book/experiments.py builds it as
 // "early_scores"; the op is always built with 0).  With MLA_HOPPER_EARLY_SCORES
 // = 1, a compute warpgroup issues the next tile's scores right behind this
 // tile's products (issue_next_scores) instead of waiting for the products to
@@ -163,7 +163,7 @@ __device__ float tile_stamps[2][kStampTiles][kStampEvents];
 #endif
 constexpr bool kEarlyScores = MLA_HOPPER_EARLY_SCORES != 0;
 
-// The output as first written, for chapter 10 (mla_lab/ablation.py builds it as
+// The output as first written, for chapter 10 (mla_lab/book/experiments.py builds it as
 // "direct_out"; the op is always built with 0).  With MLA_HOPPER_DIRECT_OUT = 1,
 // a whole unit's bf16 rows are stored straight from the fragments, as they were
 // before they went through shared memory; the rest of the kernel is the same.
@@ -172,7 +172,7 @@ constexpr bool kEarlyScores = MLA_HOPPER_EARLY_SCORES != 0;
 #endif
 constexpr bool kDirectOut = MLA_HOPPER_DIRECT_OUT != 0;
 
-// Turns at the tensor cores (mla_lab/ablation.py builds it as "pingpong").
+// Turns at the tensor cores (mla_lab/book/experiments.py builds it as "pingpong").
 // Both compute warpgroups wait for the same chunks and so fall into step: both
 // issue their scores, both run the softmax while the tensor cores idle, both
 // issue their products.  With MLA_HOPPER_PINGPONG = 1, where both warpgroups
@@ -189,7 +189,7 @@ static_assert(!(kPingPong && kEarlyScores), "early scores issue across a turn");
 constexpr int kBarTurn = 7;  // kBarTurn + group: warpgroup `group` may issue
 
 
-// The rows layout, for chapter 10 (mla_lab/ablation.py builds it as "rows";
+// The rows layout, for chapter 10 (mla_lab/book/experiments.py builds it as "rows";
 // the op is always built with 0).  With MLA_HOPPER_ROWS = 1, where a stream's
 // pairs fill their tiles (fills_rows: a third of padding at most),
 // the pairs are the M side of every product instead (64 pairs per unit, in
@@ -294,7 +294,7 @@ __host__ __device__ constexpr int dims_of(int position) { return position == 0 ?
 constexpr int kPlanHeader = 3;
 constexpr int kMaxSplitsHere = 256;  // the op's limit on num_splits: the most pieces a unit can be cut into
 
-// The merge's timeline, for chapter 10 (mla_lab/ablation.py builds it as the
+// The merge's timeline, for chapter 10 (mla_lab/book/experiments.py builds it as the
 // variant "merge_timeline"; the op is always built with 0).  With
 // MLA_HOPPER_MERGE_TIMELINE = 1, the GPU's global timer (nanoseconds) is
 // written into main_stamps by thread 128 of each block of the main kernel (the
@@ -375,7 +375,7 @@ __host__ __device__ inline bool tma_cache(const MlaParams& p) {
          (p.kv_stride_page * 2) % 16 == 0 && p.kv_stride_slot >= kDimQK && p.num_pages >= 1;
 }
 
-// The seesaw kernel (hopper_seesaw_kernel, below; mla_lab/ablation.py builds
+// The seesaw kernel (hopper_seesaw_kernel, below; mla_lab/book/experiments.py builds
 // it as "seesaw"; the op builds it with its choice, MLA_HOPPER_DISPATCH), in
 // units of 64 pairs: where a stream's pairs fill tiles of 64 on wgmma's M and
 // the tensor copy can read tiles from its pages, and, in the op, where it

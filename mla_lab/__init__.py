@@ -1,8 +1,8 @@
 """mla_lab: a workbook of CUDA kernels for MLA verify attention (speculative decoding)."""
 
-from .problem import DEFAULT_SCALE, D_QK, D_V, Problem, Workload, make_workload
-from .reference import reference_attention
-from .stages import STAGES
+from .core.problem import DEFAULT_SCALE, D_QK, D_V, Problem, Workload, make_workload
+from .core.reference import reference_attention
+from .core.stages import STAGES
 
 __all__ = ["DEFAULT_SCALE", "D_QK", "D_V", "Problem", "Workload", "make_workload", "reference_attention",
            "STAGES", "attention", "verify_attention", "load_ops", "VerifyStep", "VerifySteps"]
@@ -11,15 +11,15 @@ __all__ = ["DEFAULT_SCALE", "D_QK", "D_V", "Problem", "Workload", "make_workload
 def __getattr__(name):
     # Lazy: importing the package must not build the extension or import triton.
     if name == "attention":
-        from .ops import attention
+        from .core.ops import attention
         return attention
     if name == "load_ops":  # builds (first time) and loads the extension: torch.ops.mla_lab.<stage>
-        from .ops import load_ops
+        from .core.ops import load_ops
         return load_ops
     if name == "verify_attention":
-        from .verify import verify_attention
+        from .core.verify import verify_attention
         return verify_attention
     if name in ("VerifyStep", "VerifySteps"):  # a verify call captured once per bucket and replayed
-        from . import verify_step
+        from .serving import verify_step
         return getattr(verify_step, name)
     raise AttributeError(name)

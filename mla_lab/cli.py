@@ -42,7 +42,7 @@ def _build_args(ap):
 
 
 def _build(args, argv) -> int:
-    from .extension import build_dir, load, target_archs
+    from .core.extension import build_dir, load, target_archs
 
     mod = load(verbose=args.verbose)
     print(f"built for sm {', '.join(target_archs())} in {build_dir()}; stages: {', '.join(mod.stage_ids())}")
@@ -52,13 +52,13 @@ def _build(args, argv) -> int:
 # ---- bench -----------------------------------------------------------------------------
 
 def _bench_args(ap):
-    from .bench import add_arguments
+    from .measure.bench import add_arguments
 
     add_arguments(ap)
 
 
 def _bench(args, argv) -> int:
-    from .bench import main
+    from .measure.bench import main
 
     return main(argv)
 
@@ -66,7 +66,7 @@ def _bench(args, argv) -> int:
 # ---- verify ------------------------------------------------------------------------------
 
 def _stage_ids():
-    from .stages import STAGES
+    from .core.stages import STAGES
 
     return [s.id for s in STAGES]
 
@@ -78,8 +78,8 @@ def _verify_args(ap):
 
 
 def _verify(args, argv) -> int:
-    from . import stages
-    from .verify import cpu_grid, gpu_grid, verify_attention
+    from .core import stages
+    from .core.verify import cpu_grid, gpu_grid, verify_attention
 
     ids = args.stages or [s.id for s in stages.STAGES]
     if not _has_gpu():
@@ -125,7 +125,7 @@ def _resources_args(ap):
 
 
 def _resources(args, argv) -> int:
-    from .resources import ptxas_report
+    from .measure.resources import ptxas_report
 
     print(f"{'arch':>5} {'kernel':<24} {'regs':>5} {'smem':>6} {'stack':>6} {'spills':>7}")
     for arch in args.arch:
@@ -166,7 +166,7 @@ def _chapters(args, argv) -> int:
 
 
 def _chapters_execute(args) -> int:
-    from . import provenance
+    from .measure import provenance
 
     gpu = None
     if _has_gpu():
@@ -179,7 +179,7 @@ def _chapters_execute(args) -> int:
               "--force to execute anyway (to check that the chapters run; do not keep those outputs).",
               file=sys.stderr)
         return 1
-    from .chapters import execute
+    from .book.chapters import execute
 
     paths = [Path(p) for p in args.notebooks] or provenance.all_chapters()
     failed = []
@@ -209,14 +209,14 @@ def _shape_args(ap, *, heads=(8,), prefix=(1024, 16384, 65536)):
 
 
 def _problems(args):
-    from .problem import Problem
+    from .core.problem import Problem
 
     return [Problem(streams=b, q_len=t, heads=h, prefix=p, page_size=args.page_size, scattered=not args.contiguous)
             for b in args.streams for t in args.q_len for h in args.heads for p in args.prefix]
 
 
 def _sweep_args(ap):
-    from .explore import DEFAULT_SPLITS
+    from .book.explore import DEFAULT_SPLITS
 
     ap.add_argument("--stages", nargs="+", default=["tensor_core"], choices=_stage_ids(), metavar="STAGE",
                     help="split stages (or triton) to sweep (default tensor_core)")
@@ -227,7 +227,7 @@ def _sweep_args(ap):
 
 
 def _sweep(args, argv) -> int:
-    from .explore import sweep
+    from .book.explore import sweep
 
     sweep(args.stages, _problems(args), args.splits, rep_ms=args.rep_ms)
     return 0
@@ -241,14 +241,14 @@ def _kernel_times_args(ap):
 
 
 def _kernel_times(args, argv) -> int:
-    from .explore import kernel_times
+    from .book.explore import kernel_times
 
     kernel_times(args.stages, _problems(args), calls=args.calls)
     return 0
 
 
 def _profile_target_args(ap):
-    from .explore import PROFILE_PEERS
+    from .book.explore import PROFILE_PEERS
 
     ap.add_argument("stage", choices=_stage_ids(), metavar="STAGE", help="the stage to run")
     for name, what in (("streams", "streams"), ("q_len", "query rows per stream"), ("heads", "query heads"),
@@ -259,15 +259,15 @@ def _profile_target_args(ap):
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
     ap.add_argument("--calls", type=int, default=3, metavar="N", help="calls to make (default 3)")
     ap.add_argument("--build", default=None, metavar="NAME",
-                    help="hopper only: one of stage 10's ablation variants or builds (mla_lab/ablation.py), "
+                    help="hopper only: one of stage 10's ablation variants or builds (mla_lab/book/experiments.py), "
                          "e.g. no_math or tma_no_math, instead of the op")
     ap.add_argument("--peer", default=None, choices=PROFILE_PEERS,
                     help="call that library on the same workload instead (FlashMLA: pages of 64), to profile beside")
 
 
 def _profile_target(args, argv) -> int:
-    from .explore import profile_target
-    from .problem import Problem
+    from .book.explore import profile_target
+    from .core.problem import Problem
 
     p = Problem(streams=args.streams, q_len=args.q_len, heads=args.heads, prefix=args.prefix,
                 page_size=args.page_size, scattered=not args.contiguous)
@@ -277,7 +277,7 @@ def _profile_target(args, argv) -> int:
 
 def _bench_text(name: str) -> Callable[[], str]:
     def text():
-        from . import bench
+        from .measure import bench
 
         return getattr(bench, name)
 
@@ -285,13 +285,13 @@ def _bench_text(name: str) -> Callable[[], str]:
 
 
 def _check_module():
-    from . import check  # its options, texts and run live with the check itself
+    from .check import suite as check  # its options, texts and run live with the check itself
 
     return check
 
 
 def _graphs_module():
-    from . import graphs  # chapter 7's measurements: options, texts and run live there
+    from .serving import graphs  # chapter 7's measurements: options, texts and run live there
 
     return graphs
 

@@ -69,11 +69,11 @@ for s in "${steps[@]}"; do
       $MLA verify --quick 2>&1 | tee "$OUT/verify.log" ;;
     bench)
       step bench
-      newest=$($PY -c "from mla_lab.stages import STAGES; print(STAGES[-1].id)")
+      newest=$($PY -c "from mla_lab.core.stages import STAGES; print(STAGES[-1].id)")
       STAGES=""
       if ! $MLA verify --stages "$newest" --quick > "$OUT/verify_$newest.log" 2>&1; then
         echo "$newest failed its check: benchmarking the other stages"; tail -n 12 "$OUT/verify_$newest.log"
-        STAGES="--stages $($PY -c "from mla_lab.stages import STAGES; print(' '.join(s.id for s in STAGES[:-1]))")"
+        STAGES="--stages $($PY -c "from mla_lab.core.stages import STAGES; print(' '.join(s.id for s in STAGES[:-1]))")"
       fi
       $MLA bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     extra)
@@ -88,7 +88,7 @@ for s in "${steps[@]}"; do
       done ;;
     check)
       step check
-      gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
+      gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       chosen=${CHECK_STAGES:-hopper}
       # a run of a few stages is recorded beside the full one (the README reads both)
       stages_arg="--stages $chosen --out results/check/$gpu-${chosen// /-}.json"
@@ -106,7 +106,7 @@ for s in "${steps[@]}"; do
     profile)
       step profile
       read -r pstage pB pT pH pprefix pextra <<< "${PROFILE:-tensor_core 1 9 64 16384}"
-      gpu=$($PY -c "import torch; from mla_lab.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
+      gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       report="results/profiles/$gpu-${PROFILE_NAME:-$pstage}-B$pB-T$pT-H$pH-$pprefix.txt"
       mkdir -p results/profiles
       # the L2 side: sectors the SMs asked L2 for, those that hit, and the L2 request coalescer's (LRC's) read

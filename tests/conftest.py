@@ -19,6 +19,6 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def ext():
     """The compiled extension (built for sm_90 and sm_120 without a GPU, the local arch with one)."""
-    from mla_lab.ops import extension
+    from mla_lab.core.ops import extension
 
     return extension()

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from mla_lab import ablation
-from mla_lab.problem import Problem, make_workload
-from mla_lab.validate import InputError
+from mla_lab.book import experiments as ablation
+from mla_lab.core.problem import Problem, make_workload
+from mla_lab.core.validate import InputError
 
 from conftest import needs_gpu
 
@@ -59,7 +59,7 @@ def _body(sass_text):
 
 def _work_counts(sass_text):
     """sass_counts' counts of a kernel's SASS, and its stmatrix stores and named-barrier operations."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     mix = instruction_mix(sass_text)
     return dict(ablation.work_counts(sass_text), STSM=count_opcodes(mix, "STSM"), BAR=count_opcodes(mix, "BAR"))
@@ -71,8 +71,8 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_fo
     where the seesaw runs, so it never asks the rule.  The other two are not: they also work out whether the seesaw
     pays (the cp.async kernel stands in for it where the cache gets no tensor map), which a build without the choice
     never asks, so that every kernel of a call agrees on its units."""
-    from mla_lab.chapter_display import kernel_sass
-    from mla_lab.resources import compile_cubin
+    from mla_lab.book.sass import kernel_sass
+    from mla_lab.measure.resources import compile_cubin
 
     op = compile_cubin(ablation.CSRC / "stage10_hopper.cu", "9.0")
     for kernel, build in (("hopper_kernel", ablation.CP_ASYNC), ("hopper_tma_kernel", ablation.TMA_FEWER_FENCES)):
@@ -97,8 +97,8 @@ def test_the_ops_three_main_kernels_are_the_cp_async_the_fewer_fences_and_the_fo
 def test_the_loader_choice_build_is_the_op_before_the_seesaw():
     """loader_choice: the op's choice of loader without the seesaw; its two main kernels are, instruction for
     instruction, the cp_async and the fewer-fences builds' (no seesaw to ask about), and it has no third."""
-    from mla_lab.chapter_display import cubin_sass, kernel_sass
-    from mla_lab.resources import compile_cubin
+    from mla_lab.book.sass import cubin_sass, kernel_sass
+    from mla_lab.measure.resources import compile_cubin
 
     defines = ablation.build_defines(ablation.LOADER_CHOICE)
     assert defines == ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"]
@@ -137,7 +137,7 @@ def test_the_call_parts_stop_the_main_kernel_where_they_say(counts):
 
 
 def test_the_op_writes_a_whole_unit_through_shared_memory_and_direct_out_from_the_fragments(counts):
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     op, direct = instruction_mix(ablation.main_sass(None)), instruction_mix(ablation.main_sass(ablation.DIRECT_OUT))
     # the op: each warp's 40 pairs x 512 dims as 20 stmatrix of four transposed 8x8 blocks, then 16-byte stores
@@ -198,7 +198,7 @@ def test_the_early_scores_build_issues_a_second_copy_of_the_scores_and_waits_per
 
 
 def test_the_pingpong_build_adds_only_the_turns(counts):
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     pp = ablation.sass_counts(ablation.PINGPONG)
     assert {k: pp[k] for k in ("HGMMA", "WAIT", "LDGSTS")} == {k: counts[None][k] for k in ("HGMMA", "WAIT", "LDGSTS")}
@@ -283,7 +283,7 @@ def test_the_boxes_build_copies_a_pair_of_tiles_in_six_copies():
     six groups of a pair of tiles are copied by four-dimensional boxes (six UTMALDG.4D in the kernel: the unit's
     first two tiles and the loop's four groups of four), and each group's barrier is armed once; not serialised;
     and its timeline build likewise."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     boxes, steps = ablation.SEESAW_CROSS_BOXES, ablation.SEESAW_CROSS_STEPS
     assert ablation.main_kernel(boxes) == "hopper_seesaw_kernel"
@@ -306,7 +306,7 @@ def test_the_softmax_fmul_build_scales_and_hides_every_score_in_every_tile():
     each warpgroup's softmax multiplies its 32 scores by the scale (the op folds the scale into the exponent's fused
     multiply-add, and keeps the subtraction there), and the op's hiding of keys past a row's end sits behind a
     branch: the build's selects run in every tile, in line."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     fmul, boxes = ablation.SOFTMAX_FMUL, ablation.SEESAW_CROSS_BOXES
     assert ablation.main_kernel(fmul) == "hopper_seesaw_kernel"
@@ -329,7 +329,7 @@ def test_the_shares_apart_build_differs_from_the_op_only_in_its_blocks_order():
     """shares_apart: the four-chunk seesaw with block c taking share c.  The same products, copies, waits and
     softmax; only the plan's order of shares differs (a division and a few integer instructions, which ptxas then
     schedules around), so the kernel's length stays within 2%."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix
+    from mla_lab.book.sass import count_opcodes, instruction_mix
 
     apart, boxes = ablation.SHARES_APART, ablation.SEESAW_CROSS_BOXES
     assert ablation.main_kernel(apart) == "hopper_seesaw_kernel"
@@ -348,8 +348,8 @@ def test_the_whole_tiles_build_compiles_the_seesaw_twice_and_its_loop_is_a_third
     hopper_seesaw_any_pages_kernel is seesaw_cross_boxes's kernel, which asks.  The same products, waits, softmax and
     four-chunk copies; what goes is the code of the other answers (copies of one, two and four boxes a chunk, chunk
     by chunk), and the tile loop is at most 70% of the one that asks."""
-    from mla_lab.chapter_display import count_opcodes, instruction_mix, kernel_sass, tile_loop_instructions
-    from mla_lab.resources import compile_cubin
+    from mla_lab.book.sass import count_opcodes, instruction_mix, kernel_sass, tile_loop_instructions
+    from mla_lab.measure.resources import compile_cubin
 
     whole, boxes = ablation.SEESAW_WHOLE, ablation.SEESAW_CROSS_BOXES
     assert ablation.main_kernel(whole) == "hopper_seesaw_kernel"
@@ -399,7 +399,7 @@ def test_the_pingpong_turns_are_balanced_in_the_source():
     # within a tile each warpgroup takes and passes two.
     import re
 
-    from mla_lab.extension import CSRC
+    from mla_lab.core.extension import CSRC
 
     src = (CSRC / "stage10_hopper.cu").read_text()
     body = src[src.index("__device__ void compute("):src.index("// ---- the rows layout")]
@@ -421,9 +421,9 @@ def test_the_combine_has_four_pieces_in_flight_per_thread():
     import itertools
     import re
 
-    from mla_lab.chapter_display import kernel_sass
-    from mla_lab.extension import CSRC
-    from mla_lab.resources import compile_cubin
+    from mla_lab.book.sass import kernel_sass
+    from mla_lab.core.extension import CSRC
+    from mla_lab.measure.resources import compile_cubin
 
     # Each of the merge's variants (one slice; four slices in blocks of 256 or of 128 threads) loads
     # four pieces before its first multiply-add; loaded and added one at a time, every load waited
@@ -436,7 +436,7 @@ def test_the_combine_has_four_pieces_in_flight_per_thread():
 
 
 def test_profile_target_takes_a_build_for_hopper_only():
-    from mla_lab.explore import profile_target
+    from mla_lab.book.explore import profile_target
 
     p = Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64)
     with pytest.raises(ValueError, match="hopper"):
@@ -446,7 +446,7 @@ def test_profile_target_takes_a_build_for_hopper_only():
 
 
 def test_profile_target_checks_its_peer_before_any_gpu_work():
-    from mla_lab.explore import profile_target
+    from mla_lab.book.explore import profile_target
 
     p64 = Problem(streams=1, q_len=1, heads=8, prefix=64, page_size=64)
     with pytest.raises(ValueError, match="not both"):
@@ -465,7 +465,7 @@ def test_an_unknown_variant_is_refused():
 def test_the_timeline_build_only_adds_clock_reads(counts):
     import re
 
-    from mla_lab.extension import CSRC
+    from mla_lab.core.extension import CSRC
 
     src = (CSRC / "stage10_hopper.cu").read_text()
     found = re.search(r"constexpr int kStampTiles = (\d+), kStampEvents = (\d+);", src)
@@ -478,9 +478,9 @@ def test_the_timeline_build_only_adds_clock_reads(counts):
 def test_the_merge_timeline_build_only_adds_timer_reads(counts):
     import re
 
-    from mla_lab.chapter_display import kernel_sass
-    from mla_lab.extension import CSRC
-    from mla_lab.resources import compile_cubin
+    from mla_lab.book.sass import kernel_sass
+    from mla_lab.core.extension import CSRC
+    from mla_lab.measure.resources import compile_cubin
 
     src = (CSRC / "stage10_hopper.cu").read_text()
     found = re.search(r"constexpr int kMergeEvents = (\d+), kMergeStampBlocks = 4 \* 80;", src)
@@ -544,8 +544,8 @@ def test_the_runner_checks_arguments_as_the_op_does():
 @pytest.mark.gpu
 @sm90_only
 def test_the_timeline_build_computes_what_the_op_does_and_stamps_in_order():
-    from mla_lab.reference import reference_attention
-    from mla_lab.verify import compare
+    from mla_lab.core.reference import reference_attention
+    from mla_lab.core.verify import compare
 
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), device="cuda",
                       seed=6, poison=True)
@@ -569,7 +569,7 @@ def test_the_timeline_build_computes_what_the_op_does_and_stamps_in_order():
 @sm90_only
 @pytest.mark.parametrize("variant", list(ablation.VARIANTS))
 def test_every_variant_runs_and_replays_in_a_graph(variant):
-    from mla_lab.timing import cuda_graph
+    from mla_lab.measure.timing import cuda_graph
 
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(1000, 70, 4000), page_size=64), device="cuda",
                       seed=5, poison=True)
@@ -584,7 +584,7 @@ def test_every_variant_runs_and_replays_in_a_graph(variant):
 
 def _right(call, ref):
     """``call`` (a build's runner), called once, matches the reference."""
-    from mla_lab.verify import compare
+    from mla_lab.core.verify import compare
 
     call()
     torch.cuda.synchronize()
@@ -593,8 +593,8 @@ def _right(call, ref):
 
 def _right_again_in_a_graph(call, ref):
     """``call``, captured in a graph and replayed into an output of NaN, matches the reference."""
-    from mla_lab.timing import cuda_graph
-    from mla_lab.verify import compare
+    from mla_lab.measure.timing import cuda_graph
+    from mla_lab.core.verify import compare
 
     call.out.fill_(float("nan"))
     g = cuda_graph(call)
@@ -630,7 +630,7 @@ def _right_on_two_grids(build, w, ref, few_blocks=7):
 ], ids=lambda p: p.label())
 @pytest.mark.parametrize("build", [ablation.TMA, ablation.TMA_FIRST, ablation.TMA_FEWER_FENCES])
 def test_the_tma_builds_compute_what_the_op_does_and_replay(problem, build):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=7, poison=True)
     # one block per SM, and one block walking every tile
@@ -685,7 +685,7 @@ SEESAW_PROBLEMS = [
 @pytest.mark.parametrize("problem", SEESAW_PROBLEMS, ids=lambda p: p.label())
 @pytest.mark.parametrize("build", SEESAW_BUILDS)
 def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=13, poison=True)
     _right_on_two_grids(build, w, reference_attention(*w.args(), check=False), few_blocks=3)
@@ -700,9 +700,9 @@ def test_the_seesaw_build_computes_what_the_op_does_and_replays(problem, build):
 @sm90_only
 @pytest.mark.parametrize("problem", SEESAW_PROBLEMS, ids=lambda p: p.label())
 def test_the_op_runs_the_seesaw_where_it_pays_and_is_right(problem):
-    from mla_lab import ops, stages
-    from mla_lab.reference import reference_attention
-    from mla_lab.verify import compare
+    from mla_lab.core import ops, stages
+    from mla_lab.core.reference import reference_attention
+    from mla_lab.core.verify import compare
 
     w = make_workload(problem, device="cuda", seed=17, poison=True)
     ref = reference_attention(*w.args(), check=False)
@@ -726,7 +726,7 @@ def test_the_ops_seesaw_problems_reach_the_seesaw():
     """Most of the seesaw's problems cross the op's line to the seesaw with three blocks or one, 144 pairs (a third
     of padding) with pages of 64 among them, and the ones it leaves to the op's other kernels (72 pairs, 144 with
     pages of 16, pages of 1) never do."""
-    from mla_lab import stages
+    from mla_lab.core import stages
 
     def reaches(p, splits):
         return stages.hopper_seesaw_pays(p.streams, p.q_len, p.heads, max(p.pages_per_stream) + 1, p.page_size, splits)
@@ -744,7 +744,7 @@ def test_the_ops_seesaw_problems_reach_the_seesaw():
 @pytest.mark.parametrize("splits", [None, 2])
 @pytest.mark.parametrize("build", SEESAW_BUILDS + [None])  # None: the op, which runs the seesaw here with 2 blocks
 def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, build):
-    from mla_lab import ops
+    from mla_lab.core import ops
 
     w = make_workload(Problem(streams=3, q_len=9, heads=64, prefix=(3000, 2000, 777), page_size=64), device="cuda",
                       seed=11, poison=True)
@@ -765,8 +765,8 @@ def test_pages_outside_the_pool_poison_only_their_stream_in_the_seesaw(splits, b
                                    ablation.SEESAW_CROSS_STEPS_TIMELINE, ablation.SEESAW_CROSS_BEHIND_TIMELINE,
                                    ablation.SEESAW_CROSS_BOXES_TIMELINE, ablation.SOFTMAX_FMUL_TIMELINE])
 def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
-    from mla_lab.reference import reference_attention
-    from mla_lab.verify import compare
+    from mla_lab.core.reference import reference_attention
+    from mla_lab.core.verify import compare
 
     w = make_workload(Problem(streams=8, q_len=16, heads=64, prefix=4096, page_size=64), device="cuda", seed=5,
                       poison=True)
@@ -797,7 +797,7 @@ def test_the_seesaw_timeline_stamps_in_order_and_its_answers_are_right(build):
 ], ids=lambda p: p.label())
 @pytest.mark.parametrize("build", [ablation.ROWS, ablation.ROWS_TMA])
 def test_the_rows_builds_compute_what_the_op_does_and_replay(problem, build):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=9, poison=True)
     _right_on_two_grids(build, w, reference_attention(*w.args(), check=False))
@@ -813,7 +813,7 @@ def test_the_rows_builds_compute_what_the_op_does_and_replay(problem, build):
     Problem(streams=1, q_len=1, heads=1, prefix=777, page_size=16, scattered=True),
 ], ids=lambda p: p.label())
 def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=10, poison=True)
     _right_on_two_grids(ablation.EARLY_SCORES, w, reference_attention(*w.args(), check=False))
@@ -835,7 +835,7 @@ def test_the_early_scores_build_computes_what_the_op_does_and_replays(problem):
     Problem(streams=2, q_len=3, heads=5, prefix=(17, 300), page_size=1),           # 15 pairs: no turns taken
 ], ids=lambda p: p.label())
 def test_the_pingpong_build_gives_the_ops_bits_and_replays(problem):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=12, poison=True)
     _right_on_two_grids(ablation.PINGPONG, w, reference_attention(*w.args(), check=False))
@@ -860,7 +860,7 @@ def test_the_pingpong_build_gives_the_ops_bits_and_replays(problem):
     Problem(streams=2, q_len=3, heads=5, prefix=(17, 300), page_size=1),           # 15 pairs: part of a warpgroup
 ], ids=lambda p: p.label())
 def test_the_direct_out_build_computes_what_the_op_does(problem):
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=12, poison=True)
     _right_on_two_grids(ablation.DIRECT_OUT, w, reference_attention(*w.args(), check=False))
@@ -878,8 +878,8 @@ def test_the_direct_out_build_computes_what_the_op_does(problem):
 def test_the_narrow_merge_and_wide_combine_both_compute_what_the_reference_does(problem, splits):
     """The op's merge in blocks of 128 threads (a sliced grid of more than two units) and the build that keeps
     every block at 256 threads, against the reference, on the grid the op chooses and in a graph."""
-    from mla_lab import ops, stages
-    from mla_lab.reference import reference_attention
+    from mla_lab.core import ops, stages
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=31, poison=True)
     ref = reference_attention(*w.args(), check=False)
@@ -907,8 +907,8 @@ def test_the_narrow_merge_and_wide_combine_both_compute_what_the_reference_does(
 def test_the_merge_by_warps_and_a_block_per_pair_both_compute_what_the_reference_does(problem, splits):
     """Where the units are cut into a few pieces each, the op merges a pair with one warp; the build
     block_per_pair_merge keeps a block a pair. Both against the reference, eagerly and in a graph."""
-    from mla_lab import ops, stages
-    from mla_lab.reference import reference_attention
+    from mla_lab.core import ops, stages
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(problem, device="cuda", seed=37, poison=True)
     ref = reference_attention(*w.args(), check=False)
@@ -926,7 +926,7 @@ def test_the_merge_by_warps_and_a_block_per_pair_both_compute_what_the_reference
 def test_the_merge_timeline_stamps_in_order_and_its_answers_are_right():
     import numpy as np
 
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     w = make_workload(Problem(streams=8, q_len=9, heads=8, prefix=1024, page_size=64), device="cuda", seed=5, poison=True)
     _right_on_two_grids(ablation.MERGE_TIMELINE, w, reference_attention(*w.args(), check=False))
@@ -959,8 +959,8 @@ def test_the_merge_timeline_stamps_in_order_and_its_answers_are_right():
 @pytest.mark.gpu
 @sm90_only
 def test_the_call_parts_do_what_they_say():
-    from mla_lab.reference import reference_attention
-    from mla_lab.verify import compare
+    from mla_lab.core.reference import reference_attention
+    from mla_lab.core.verify import compare
 
     # One tile per stream and a block for each: no unit is cut, so without the combine the answer is whole.
     w = make_workload(Problem(streams=5, q_len=9, heads=8, prefix=55, page_size=64), device="cuda", seed=8, poison=True)
@@ -994,7 +994,7 @@ TMA_OP_PROBLEMS = [
 
 def test_the_tma_kernels_problems_are_where_the_rule_picks_it():
     """Each of them past the tensor copy's line and short of the seesaw's, with its blocks (132 on the H200)."""
-    from mla_lab import stages
+    from mla_lab.core import stages
 
     for problem, splits in TMA_OP_PROBLEMS:
         width = max(problem.pages_per_stream) + 1  # make_workload's table: a page more than the longest stream
@@ -1010,10 +1010,10 @@ def test_the_tma_kernels_problems_are_where_the_rule_picks_it():
 def test_the_ops_tma_kernel_is_right_and_gives_its_cp_async_kernels_bits(problem, splits):
     """Where the rule picks hopper_tma_kernel, the op matches the reference (cache past each length poisoned, unused
     table slots out of range, outputs poisoned), gives the same bits as the cp_async build, and replays in a graph."""
-    from mla_lab import ops, stages
-    from mla_lab.reference import reference_for
-    from mla_lab.timing import cuda_graph
-    from mla_lab.verify import compare
+    from mla_lab.core import ops, stages
+    from mla_lab.core.reference import reference_for
+    from mla_lab.measure.timing import cuda_graph
+    from mla_lab.core.verify import compare
 
     w = make_workload(problem, device="cuda", seed=31, poison=True)
     ref = reference_for(w)
@@ -1042,9 +1042,9 @@ def test_the_ops_tma_kernel_is_right_and_gives_its_cp_async_kernels_bits(problem
 def test_the_ops_tma_kernel_gives_nan_only_in_streams_with_bad_pages():
     """check=False on a call the rule sends to hopper_tma_kernel: a page id past the pool inside one stream's
     length, a negative one in another; those streams' outputs are NaN, every other stream's is right."""
-    from mla_lab import ops, stages
-    from mla_lab.reference import reference_attention
-    from mla_lab.verify import compare
+    from mla_lab.core import ops, stages
+    from mla_lab.core.reference import reference_attention
+    from mla_lab.core.verify import compare
 
     p = Problem(streams=4, q_len=4, heads=8, prefix=(3000, 2000, 2500, 1000), page_size=16)
     w = make_workload(p, device="cuda", seed=41, poison=True)

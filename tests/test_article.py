@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from mla_lab import article, results
-from mla_lab.article import NA, Claim, Evidence, agrees, parse_figure
+from mla_lab.book import article
+from mla_lab.measure import results
+from mla_lab.book.article import NA, Claim, Evidence, agrees, parse_figure
 
 
 def test_every_figure_is_part_of_its_quote_and_parses():

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from mla_lab import bench, results
-from mla_lab.results import CONFIG_KEYS, Recorded, format_table, gpu_slug, record_key, save
+from mla_lab.measure import bench, results
+from mla_lab.measure.results import CONFIG_KEYS, Recorded, format_table, gpu_slug, record_key, save
 
 CONFIG = dict(streams=1, q_len=9, heads=8, prefix=1024, page_size=1, scattered=True)
 
@@ -129,7 +129,7 @@ def test_bench_main_without_gpu_and_no_results(monkeypatch, tmp_path, capsys):
     def must_not_run(*a, **k):
         raise AssertionError("bench measured something without a GPU")
 
-    import mla_lab.timing as timing
+    import mla_lab.measure.timing as timing
 
     monkeypatch.setattr(timing, "time_call", must_not_run)
     monkeypatch.setattr(timing, "measure_ceilings", must_not_run)

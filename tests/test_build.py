@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_lab import extension as ext_mod
-from mla_lab import stages
-from mla_lab.extension import DEFAULT_ARCHS, ROOT, ToolkitNotFound, build_dir, find_cuda_home, target_archs
-from mla_lab.resources import KernelResources, kernel_name, parse_ptxas, ptxas_report
+from mla_lab.core import extension as ext_mod
+from mla_lab.core import stages
+from mla_lab.core.extension import DEFAULT_ARCHS, ROOT, ToolkitNotFound, build_dir, find_cuda_home, target_archs
+from mla_lab.measure.resources import KernelResources, kernel_name, parse_ptxas, ptxas_report
 
 ARCHS = ("9.0", "12.0")
 CUDA = stages.cuda_stages()

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from mla_lab import chapters as ch
-from mla_lab import roofline, stages
-from mla_lab.problem import Problem
+from mla_lab.book import chapters as ch
+from mla_lab.measure import roofline
+from mla_lab.core import stages
+from mla_lab.core.problem import Problem
 
 NOTEBOOKS = sorted(ch.CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
 IGNORED = "NBVAL_IGNORE_OUTPUT"
@@ -222,7 +223,7 @@ def test_the_product_names_no_issue_and_no_file_outside_it():
 
 def test_read_profile(tmp_path, monkeypatch):
     """A recorded Nsight Compute report, read kernel by kernel: its table rows and its stall advice."""
-    from mla_lab import chapter_display
+    from mla_lab.book import display as chapter_display
 
     (tmp_path / "gpu-stage-B1.txt").write_text(
         "[1] python3\n"
@@ -256,7 +257,7 @@ def test_read_profile(tmp_path, monkeypatch):
 
 def test_kept_measurement(tmp_path, monkeypatch):
     """A chapter's own measurement: taken and kept on a GPU, read back without one, None if never kept."""
-    from mla_lab import chapter_measure
+    from mla_lab.book import measure as chapter_measure
 
     monkeypatch.setattr(chapter_measure, "CHAPTER_RESULTS", tmp_path)
     monkeypatch.setattr(chapter_measure, "GPU", False)
@@ -273,7 +274,7 @@ def test_kept_measurement(tmp_path, monkeypatch):
 
 def test_chapter_10s_builds_are_compiled_side_by_side_before_it_runs_on_hopper(monkeypatch):
     """`mla-lab chapters execute` compiles every build chapter 10 loads first, in parallel, and only there."""
-    from mla_lab import ablation, load_rate, wgmma_rate
+    from mla_lab.book import experiments as ablation, load_rate, wgmma_rate
 
     built = []
     monkeypatch.setattr(ablation, "load", lambda name: built.append(name))

@@ -8,8 +8,9 @@ import re
 import pytest
 import torch
 
-from mla_lab import badinput, check, extremes, fuzz, sanitize, stages
-from mla_lab.problem import D_QK
+from mla_lab.check import badinput, suite as check, extremes, fuzz, sanitize
+from mla_lab.core import stages
+from mla_lab.core.problem import D_QK
 
 ALL = list(stages.STAGES)
 CUDA = list(stages.cuda_stages())
@@ -104,7 +105,7 @@ def test_views_hold_the_same_values_and_poison_their_padding():
 def test_case_round_trips_through_its_reproducer():
     c = fuzz.generate(fuzz.GPU_LIMITS, 5, seed=2)[-1]
     line = c.reproducer("tensor_core")
-    assert line.startswith("python -m mla_lab.fuzz tensor_core '") and "\n" not in line
+    assert line.startswith("python -m mla_lab.check.fuzz tensor_core '") and "\n" not in line
     assert fuzz.FuzzCase.from_json(line.split("'")[1]) == c
 
 
@@ -227,7 +228,7 @@ def test_extreme_values_on_the_seesaws_model(cross):
     them on a GPU; at the CPU's sizes the op's own rule would not pick the seesaw, so the model is asked directly):
     a lazy reference still gives the planted key's value exactly, and equal keys their value."""
     from mla_lab.models import model_seesaw
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     seen = set()
     for case in extremes.cases("cpu"):
@@ -243,7 +244,7 @@ def test_extreme_values_on_the_seesaws_model(cross):
 
 def test_extreme_judge_rejects_a_near_miss():
     case = next(c for c in extremes.cases("cpu") if c.kind == "huge_positive")
-    from mla_lab.reference import reference_attention
+    from mla_lab.core.reference import reference_attention
 
     ref_out, ref_lse = reference_attention(*case.workload.args())
     assert extremes.judge(case, "x", ref_out, ref_lse, ref_out, ref_lse).ok
@@ -296,7 +297,7 @@ def test_the_sanitizer_and_the_extreme_values_reach_every_kernel(st):
 
 
 def test_stage_10s_seesaw_is_in_the_soak():
-    from mla_lab import stress
+    from mla_lab.check import stress
 
     hop = stages.get("hopper")
     for shape, kernel in ((stress.SOAK, "hopper_kernel"), (stress.SEESAW_SOAK, "hopper_seesaw_kernel")):
@@ -319,7 +320,7 @@ def test_kernels_no_record_has_checked_are_named():
 
 @pytest.mark.parametrize("label,problem,splits", sanitize.SPOILED_WORKLOADS, ids=["pages16", "seesaw"])
 def test_spoiled_workload_spoils_what_it_says(label, problem, splits):
-    from mla_lab.problem import make_workload
+    from mla_lab.core.problem import make_workload
 
     w = make_workload(problem, seed=0)
     bt, lens = sanitize.spoil(w.block_table, w.kv_lens, w.kv_cache.shape[0], problem.page_size)
@@ -355,7 +356,7 @@ def _record():
                  first_findings=[], workloads=[]) for s in ("naive", "hopper") for t in check.FULL.tools]
     runs[-1].update(status="findings", findings=4, reason="", first_findings=["========= Uninitialized read"])
     tally = dict(cases=1234, mismatches=0, refused=0, skipped=0, worst_rel_err=2e-3, failures=[], refusals=[])
-    bad = dict(tally, cases=1201, mismatches=1, failures=["FAIL hopper :: python -m mla_lab.fuzz hopper '{}'"])
+    bad = dict(tally, cases=1201, mismatches=1, failures=["FAIL hopper :: python -m mla_lab.check.fuzz hopper '{}'"])
     soak = dict(stage="hopper", replays=100000, compared=100, mismatches=0, bitwise_equal=100, seconds=3.0,
                 memory_start=dict(allocated=1000, reserved=2048, device_free=1), memory_growth=0,
                 memory_end=dict(allocated=1000, reserved=2048, device_free=1), shape="tiny", first_mismatches=[])

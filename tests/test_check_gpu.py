@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conftest import needs_gpu
-from mla_lab import badinput, extremes, fuzz, sanitize, stages, stress
+from mla_lab.check import badinput, extremes, fuzz, sanitize, stress
+from mla_lab.core import stages
 
 pytestmark = [needs_gpu, pytest.mark.gpu]
 
@@ -17,7 +18,7 @@ IDS = [s.id for s in ALL]
 @pytest.fixture(scope="module")
 def runnable():
     """(stages this GPU runs, {stage: why not}), found by calling each once."""
-    from mla_lab.check import runnable_stages
+    from mla_lab.check.suite import runnable_stages
 
     return runnable_stages()
 

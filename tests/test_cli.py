@@ -6,9 +6,10 @@ import shutil
 import pytest
 import torch
 
-from mla_lab import cli, extension, verify
-from mla_lab.extension import ROOT
-from mla_lab.validate import InputError
+from mla_lab import cli
+from mla_lab.core import extension, verify
+from mla_lab.core.extension import ROOT
+from mla_lab.core.validate import InputError
 
 NAMES = [c.name for c in cli.COMMANDS]
 
@@ -79,7 +80,7 @@ def test_gpu_commands_refuse_without_a_gpu(capsys, no_gpu, nothing_builds, argv)
 
 
 def test_sweep_refuses_a_stage_without_splits(capsys, monkeypatch):
-    from mla_lab import explore
+    from mla_lab.book import explore
 
     monkeypatch.setattr(explore, "_require_gpu", lambda what: None)
     rc, out, err = run(capsys, "sweep", "--stages", "naive")
@@ -106,7 +107,7 @@ def test_verify_without_gpu_names_what_it_skips(capsys, no_gpu, monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what verify_attention does without a GPU")
 def test_verify_attention_on_cpu():
     from mla_lab import verify_attention
-    from mla_lab.problem import Problem
+    from mla_lab.core.problem import Problem
 
     checks = verify_attention("triton", [Problem(streams=2, q_len=3, heads=2, prefix=(5, 17), page_size=4)])
     assert len(checks) == 1 and checks[0].ok
@@ -119,7 +120,7 @@ def test_verify_attention_on_cpu():
 # ---- chapters execute ----------------------------------------------------------------
 
 def test_chapters_execute_refuses_without_gpu(capsys, no_gpu, monkeypatch):
-    import mla_lab.chapters as chapters
+    import mla_lab.book.chapters as chapters
 
     monkeypatch.setattr(chapters, "execute", lambda *a, **k: pytest.fail("executed without a GPU"))
     rc, _, err = run(capsys, "chapters", "execute")
@@ -127,8 +128,8 @@ def test_chapters_execute_refuses_without_gpu(capsys, no_gpu, monkeypatch):
 
 
 def test_chapters_execute_force_stamps_a_cpu_run(capsys, no_gpu, monkeypatch, tmp_path):
-    import mla_lab.chapters as chapters
-    from mla_lab import provenance
+    import mla_lab.book.chapters as chapters
+    from mla_lab.measure import provenance
 
     nb = tmp_path / "03_kv_split.ipynb"
     shutil.copy(ROOT / "chapters" / "03_kv_split.ipynb", nb)
@@ -142,7 +143,7 @@ def test_chapters_execute_force_stamps_a_cpu_run(capsys, no_gpu, monkeypatch, tm
 
 
 def test_chapters_execute_reports_failures(capsys, monkeypatch, tmp_path):
-    import mla_lab.chapters as chapters
+    import mla_lab.book.chapters as chapters
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")

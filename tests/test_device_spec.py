@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from mla_lab import roofline
-from mla_lab.problem import Problem
-from mla_lab.roofline import DEVICES, device_spec_for, device_spec_for_current_gpu
+from mla_lab.measure import roofline
+from mla_lab.core.problem import Problem
+from mla_lab.measure.roofline import DEVICES, device_spec_for, device_spec_for_current_gpu
 
 
 @pytest.mark.parametrize("name, cc, sms, key", [
@@ -20,8 +20,8 @@ def test_a_listed_gpu_gets_its_own_entry(name, cc, sms, key):
 
 
 @pytest.mark.parametrize("name, cc, sms, says", [
-    ("NVIDIA A100-SXM4-80GB", (8, 0), 108, "is not in mla_lab.roofline.DEVICES"),
-    ("NVIDIA GeForce RTX 4090", (8, 9), 128, "is not in mla_lab.roofline.DEVICES"),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), 108, "is not in mla_lab.measure.roofline.DEVICES"),
+    ("NVIDIA GeForce RTX 4090", (8, 9), 128, "is not in mla_lab.measure.roofline.DEVICES"),
     # an H100 PCIe has 114 SMs: not the table's H100 SXM, so none of its figures
     ("NVIDIA H100 PCIe", (9, 0), 114, "is not the table's 'h100' (NVIDIA H100 SXM: sm_90, 132 SMs)"),
     ("NVIDIA H200 NVL", (9, 0), 132, None),  # same SMs and arch: the H200 entry (the note says which)

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from conftest import HAS_GPU, needs_gpu
-from mla_lab import ops, stages
-from mla_lab.occupancy import occupancy
-from mla_lab.problem import POISON_PAGE_ID, Problem, make_workload
-from mla_lab.reference import reference_attention
-from mla_lab.resources import resources_by_kernel
-from mla_lab.roofline import DEVICES
-from mla_lab.verify import compare, gpu_grid
+from mla_lab.core import ops, stages
+from mla_lab.measure import probes
+from mla_lab.measure.occupancy import occupancy
+from mla_lab.core.problem import POISON_PAGE_ID, Problem, make_workload
+from mla_lab.core.reference import reference_attention
+from mla_lab.measure.resources import resources_by_kernel
+from mla_lab.measure.roofline import DEVICES
+from mla_lab.core.verify import compare, gpu_grid
 
 pytestmark = [needs_gpu, pytest.mark.gpu]
 
@@ -52,7 +53,7 @@ def test_split_counts_and_graph_replay(stage, ext):
         call()
         eager = call.out.clone()
         call.out.fill_(float("nan"))
-        from mla_lab.timing import cuda_graph
+        from mla_lab.measure.timing import cuda_graph
 
         g = cuda_graph(call)
         call.out.fill_(float("nan"))
@@ -178,11 +179,11 @@ def test_occupancy_calculator_equals_runtime(shape, ext):
 def test_float4_reads_probe_reads_what_float4_reads(ext):
     """The probe's sink changes with the cache's contents (the loads happen) and it captures in a graph."""
     w = make_workload(Problem(streams=1, q_len=9, heads=8, prefix=3000, page_size=1), device="cuda", seed=3)
-    call = ops.probe_runner("float4_reads", w)
+    call = probes.probe_runner("float4_reads", w)
     assert call.num_splits == ops.default_num_splits("float4", w.q, w.kv_cache, w.block_table)
     call()
     torch.cuda.synchronize()
-    from mla_lab.timing import cuda_graph
+    from mla_lab.measure.timing import cuda_graph
 
     g = cuda_graph(call)
     g.replay()
@@ -256,7 +257,7 @@ def test_hopper_with_a_table_of_one_tile_launches_no_merge_and_is_right(problem,
     runs), it writes every output itself (NaN-filled before), eagerly and replayed in a graph."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("stage 10 runs on compute capability 9.0 only")
-    from mla_lab.timing import cuda_graph
+    from mla_lab.measure.timing import cuda_graph
 
     w = make_workload(problem, device="cuda", seed=41, poison=True, spare_table_slots=0)
     assert w.block_table.shape[1] * problem.page_size <= 64

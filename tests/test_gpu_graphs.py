@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import needs_gpu
-from mla_lab import ops, stages
-from mla_lab.decode_loop import acceptance_loop
-from mla_lab.model_step import SMALL, ModelStep, random_weights
-from mla_lab.paging import PageTable
-from mla_lab.problem import POISON_PAGE_ID, Problem, make_workload
-from mla_lab.verify_step import VerifyStep
+from mla_lab.core import ops, stages
+from mla_lab.serving.decode_loop import acceptance_loop
+from mla_lab.serving.model_step import SMALL, ModelStep, random_weights
+from mla_lab.core.paging import PageTable
+from mla_lab.core.problem import POISON_PAGE_ID, Problem, make_workload
+from mla_lab.serving.verify_step import VerifyStep
 
 pytestmark = [needs_gpu, pytest.mark.gpu]
 STAGE_IDS = [s.id for s in stages.STAGES]
@@ -130,7 +130,7 @@ def test_model_step_captured_equals_eager(stage, ext):
 
 def test_graphs_command_quick_sections(ext, tmp_path):
     """The command's cheaper sections run end to end and write a record the chapter can read."""
-    from mla_lab import graphs
+    from mla_lab.serving import graphs
 
     out = tmp_path / "g.json"
     assert graphs.main(["--sections", "launch", "verify_step", "--out", str(out)]) == 0
@@ -142,7 +142,7 @@ def test_graphs_command_quick_sections(ext, tmp_path):
 @needs_gpu
 @pytest.mark.gpu
 def test_back_to_back_timing_grows_with_the_work_replayed():
-    from mla_lab.timing import back_to_back_us
+    from mla_lab.measure.timing import back_to_back_us
 
     # Each kernel streams 128 MB (more than L2 holds), tens of microseconds of GPU time: far more than a replay's
     # host-side launch, so the ratio reflects the work, not the host's jitter.  (With 16 floats a kernel the host's

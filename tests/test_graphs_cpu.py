@@ -9,7 +9,8 @@ import statistics
 import pytest
 import torch
 
-from mla_lab import graphs, stages
+from mla_lab.serving import graphs
+from mla_lab.core import stages
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the command")
 
@@ -85,7 +86,7 @@ def test_median_difference_compares_run_by_run():
 
 
 def test_back_to_back_timing_refuses_an_empty_measurement():
-    from mla_lab.timing import back_to_back_us
+    from mla_lab.measure.timing import back_to_back_us
 
     for kw in (dict(calls=0), dict(rounds=0)):
         with pytest.raises(ValueError, match="at least one call and one round"):

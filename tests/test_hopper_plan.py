@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from mla_lab import stages
-from mla_lab.extension import CSRC
+from mla_lab.core import stages
+from mla_lab.core.extension import CSRC
 from mla_lab.models import ROWS_RING_CHUNKS, hopper_plan, rows_ring_schedule, tma_gather_schedule
 
 K = stages.HOPPER_KEYS_PER_TILE

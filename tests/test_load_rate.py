@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mla_lab import load_rate
+from mla_lab.book import load_rate
 
 from conftest import needs_gpu
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mla_lab.model_step import (KIMI_K2_TP8, SMALL, MLAConfig, ModelStep, _rope_pairs, apply_rope, forward,
+from mla_lab.serving.model_step import (KIMI_K2_TP8, SMALL, MLAConfig, ModelStep, _rope_pairs, apply_rope, forward,
                                 moe_bytes_per_step, random_weights, reference_attend, reference_layer, rope_cis,
                                 stage_attend)
-from mla_lab.paging import SINK_PAGE, PageTable, gather_stream
+from mla_lab.core.paging import SINK_PAGE, PageTable, gather_stream
 
 CFG = SMALL
 

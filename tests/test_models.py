@@ -4,10 +4,10 @@ closed form, and the relations between stages that the chapters rely on."""
 import pytest
 import torch
 
-from mla_lab import stages
+from mla_lab.core import stages
 from mla_lab.models import MODELS, model_tensor_core, Traffic, dot_chunks16, dot_serial, dot_warp, run_model, traffic
-from mla_lab.problem import Problem, make_workload
-from mla_lab.reference import reference_attention
+from mla_lab.core.problem import Problem, make_workload
+from mla_lab.core.reference import reference_attention
 
 STAGE_IDS = [s.id for s in stages.cuda_stages()]
 
@@ -158,7 +158,7 @@ def test_naive_reads_k_and_v_per_row_and_head():
 
 
 def test_every_stage_moves_at_least_the_minimum():
-    from mla_lab.roofline import min_bytes
+    from mla_lab.measure.roofline import min_bytes
 
     p = Problem(streams=3, q_len=9, heads=8, prefix=(300, 17, 64), page_size=16)
     least = min_bytes(p)

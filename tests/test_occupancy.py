@@ -10,10 +10,10 @@ Rules (occupancy.py): blocks per SM = min over
 
 import pytest
 
-from mla_lab import stages
-from mla_lab.occupancy import occupancy
-from mla_lab.resources import ptxas_report
-from mla_lab.roofline import DEVICES, device_for_arch
+from mla_lab.core import stages
+from mla_lab.measure.occupancy import occupancy
+from mla_lab.measure.resources import ptxas_report
+from mla_lab.measure.roofline import DEVICES, device_for_arch
 
 H200 = DEVICES["h200"]
 RTX = DEVICES["rtx_pro_6000"]

@@ -6,9 +6,10 @@ through ops.attention)."""
 import pytest
 import torch
 
-from mla_lab import ops, stages
-from mla_lab.problem import Problem, make_workload
-from mla_lab.validate import InputError, check_contents, check_metadata
+from mla_lab.core import ops, stages
+from mla_lab.measure import probes
+from mla_lab.core.problem import Problem, make_workload
+from mla_lab.core.validate import InputError, check_contents, check_metadata
 
 CUDA = stages.cuda_stages()
 SPLIT = [s for s in CUDA if s.splits]
@@ -333,4 +334,4 @@ def test_float4_reads_probe_checks_like_float4(ext):
 
 def test_probe_runner_names_its_probes():
     with pytest.raises(KeyError, match="no probe 'float5_reads'; probes are float4_reads"):
-        ops.probe_runner("float5_reads", None)
+        probes.probe_runner("float5_reads", None)

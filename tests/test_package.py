@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from mla_lab.extension import ROOT
+from mla_lab.core.extension import ROOT
 
 PACKAGE = ROOT / "mla_lab"
 
@@ -26,7 +26,7 @@ def _imports(path):
 
 def test_extension_does_not_import_ops():
     """extension.py builds and loads; ops.py calls it.  The reverse import made a circle."""
-    assert not {".ops", "mla_lab.ops"} & _imports(PACKAGE / "extension.py")
+    assert not {".ops", "mla_lab.core.ops"} & _imports(PACKAGE / "extension.py")
 
 
 def _run(code):
@@ -36,7 +36,7 @@ def _run(code):
 
 
 def test_importing_the_package_builds_nothing():
-    done = _run("import sys, mla_lab, mla_lab.ops, mla_lab.stages\n"
+    done = _run("import sys, mla_lab, mla_lab.core.ops, mla_lab.core.stages\n"
                 "print(sorted(m for m in sys.modules if m.startswith(('mla_lab_C', 'triton'))))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -46,7 +46,7 @@ def test_readme_raw_op_line_works_on_its_own(ext):
     """A fresh interpreter: import mla_lab, load_ops(), then the raw op; CPU tensors reach the op's own checks."""
     code = """
 import torch, mla_lab
-from mla_lab.problem import Problem, make_workload
+from mla_lab.core.problem import Problem, make_workload
 w = make_workload(Problem(streams=1, q_len=2, heads=1, prefix=3, page_size=1), seed=0)
 out, lse = w.new_outputs()
 mla_lab.load_ops()

@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from mla_lab.decode_loop import acceptance_loop
-from mla_lab.model_step import reference_attend
-from mla_lab.paging import (SINK_PAGE, OutOfPages, PageTable, append_slots, gather_stream, move_pages,
+from mla_lab.serving.decode_loop import acceptance_loop
+from mla_lab.serving.model_step import reference_attend
+from mla_lab.core.paging import (SINK_PAGE, OutOfPages, PageTable, append_slots, gather_stream, move_pages,
                             plan_defragment)
 
 

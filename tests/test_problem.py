@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mla_lab.problem import D_QK, D_V, POISON_PAGE_ID, Problem, Workload, gather_kv, make_workload
+from mla_lab.core.problem import D_QK, D_V, POISON_PAGE_ID, Problem, Workload, gather_kv, make_workload
 
 # ---- Problem ------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Which code produced the recorded results and the chapters' stored outputs (mla_lab/provenance.py)."""
+"""Which code produced the recorded results and the chapters' stored outputs (mla_lab/measure/provenance.py)."""
 
 import json
 import re
@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from mla_lab import provenance
-from mla_lab.extension import CSRC, ROOT, source_digest
-from mla_lab.provenance import (all_chapters, chapter_sources, chapter_staleness, run_record, stamp,
+from mla_lab.measure import provenance
+from mla_lab.core.extension import CSRC, ROOT, source_digest
+from mla_lab.measure.provenance import (all_chapters, chapter_sources, chapter_staleness, run_record, stamp,
                                 stored_record)
 
 
@@ -22,7 +22,7 @@ def test_a_chapter_depends_on_its_own_and_earlier_stages_only():
     assert "csrc/stage03_kv_split.cu" in three and "csrc/stage01_naive.cu" in three
     assert not [f for f in three if re.match(r"csrc/stage(0[4-9]|[1-9]\d)_", f)]
     for shared in ("csrc/mla_params.h", "csrc/mla_device.cuh", "csrc/combine_splits.cu", "csrc/bindings.cpp",
-                   "mla_lab/triton_baseline.py"):
+                   "mla_lab/core/triton_baseline.py"):
         assert shared in three
     assert "csrc/stage_list.h" not in three  # it grows with every new stage
     # a header only a later stage includes is that stage's source, not this chapter's

@@ -1,10 +1,11 @@
 """The README's stage table is generated from the registry and the recorded results."""
 
-from mla_lab import readme, stages
+from mla_lab.book import readme
+from mla_lab.core import stages
 
 
 def test_readme_table_is_up_to_date():
-    # fails after a change to the registry or to results/ until `python -m mla_lab.readme` is run
+    # fails after a change to the registry or to results/ until `python -m mla_lab.book.readme` is run
     assert readme.main(["--check"]) == 0
 
 
@@ -20,7 +21,7 @@ def _record(stage, run, us, **config):
 
 
 def test_peers_table_pairs_only_records_of_one_run(tmp_path):
-    from mla_lab.results import Recorded
+    from mla_lab.measure.results import Recorded
 
     runs = [dict(gpu="NVIDIA H200", date="2026-12-01T00:00:00", command="mla-lab bench --peers A", commit="abc",
                  flash_mla=dict(commit="c2067be")),
@@ -42,7 +43,7 @@ def test_peers_table_pairs_only_records_of_one_run(tmp_path):
 
 
 def test_peers_table_without_a_peer_run(tmp_path):
-    from mla_lab.results import Recorded
+    from mla_lab.measure.results import Recorded
 
     text = readme.peers_table(Recorded(tmp_path / "x.json", [], []))
     assert text.startswith("No run with FlashMLA recorded yet")

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from mla_lab.problem import D_V, Problem, make_workload
-from mla_lab.reference import dense_attention_fp64, reference_attention, reference_for
-from mla_lab.validate import InputError
+from mla_lab.core.problem import D_V, Problem, make_workload
+from mla_lab.core.reference import dense_attention_fp64, reference_attention, reference_for
+from mla_lab.core.validate import InputError
 
 SHAPES = [
     Problem(streams=1, q_len=1, heads=1, prefix=0, page_size=1, scattered=True),

@@ -5,9 +5,9 @@ import re
 import pytest
 import torch
 
-from mla_lab import stages
-from mla_lab.extension import CSRC
-from mla_lab.stages import COMBINE_KERNEL, MAX_SPLITS, STAGES, choose_num_splits
+from mla_lab.core import stages
+from mla_lab.core.extension import CSRC
+from mla_lab.core.stages import COMBINE_KERNEL, MAX_SPLITS, STAGES, choose_num_splits
 
 CUDA = stages.cuda_stages()
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from mla_lab.problem import Problem
-from mla_lab.roofline import DEVICES, achieved, device_for_arch, floor, fma_count, flops, min_bytes
+from mla_lab.core.problem import Problem
+from mla_lab.measure.roofline import DEVICES, achieved, device_for_arch, floor, fma_count, flops, min_bytes
 
 
 def test_seed_article_case():

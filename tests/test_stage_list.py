@@ -1,12 +1,12 @@
-"""One stage list: the Python registry (mla_lab/stages.py) against the C++ one (csrc/stage_list.h),
+"""One stage list: the Python registry (mla_lab/core/stages.py) against the C++ one (csrc/stage_list.h),
 read as text and as compiled, and what adding a stage takes."""
 
 import re
 
 import pytest
 
-from mla_lab import stages
-from mla_lab.extension import CSRC, STAGE_FIELDS, _macro_arguments, declared_stages
+from mla_lab.core import stages
+from mla_lab.core.extension import CSRC, STAGE_FIELDS, _macro_arguments, declared_stages
 
 CUDA = stages.cuda_stages()
 COMPARED = ("id", "splits", "align_bytes", "min_cc", "max_cc")

@@ -7,11 +7,11 @@ TRITON_INTERPRET before it defines them), so the sizes here stay small.
 import pytest
 import torch
 
-from mla_lab.problem import Problem, make_workload
-from mla_lab.reference import reference_for
-from mla_lab.problem import POISON_PAGE_ID
-from mla_lab.triton_baseline import triton_verify_attention
-from mla_lab.validate import InputError
+from mla_lab.core.problem import Problem, make_workload
+from mla_lab.core.reference import reference_for
+from mla_lab.core.problem import POISON_PAGE_ID
+from mla_lab.core.triton_baseline import triton_verify_attention
+from mla_lab.core.validate import InputError
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OUT_TOL = 5e-3  # relative L2 error of bf16 out; bf16 rounding alone lands near 2e-3

@@ -7,9 +7,9 @@ eagerly, which checks what it copies, pads and returns.
 import pytest
 import torch
 
-from mla_lab.problem import Problem, make_workload
-from mla_lab.validate import InputError
-from mla_lab.verify_step import VerifyStep, VerifySteps
+from mla_lab.core.problem import Problem, make_workload
+from mla_lab.core.validate import InputError
+from mla_lab.serving.verify_step import VerifyStep, VerifySteps
 
 
 

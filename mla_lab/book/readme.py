@@ -1,0 +1,154 @@
+"""The README's stage table, and its table of stage 10 beside FlashMLA, generated from the registry
+and the recorded results.
+
+    python -m mla_lab.book.readme          # rewrite the table in README.md
+    python -m mla_lab.book.readme --check  # exit 1 if README.md is out of date (the tests run this)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..measure import results as _results
+from ..core import stages
+from ..core.extension import ROOT
+
+README = ROOT / "README.md"
+BEGIN, END = "<!-- stage-table:begin -->", "<!-- stage-table:end -->"
+GRAPHS_BEGIN, GRAPHS_END = "<!-- graphs-table:begin -->", "<!-- graphs-table:end -->"
+# (streams, q_len, heads, prefix) columns of recorded graph-replay times
+COLUMNS = ((1, 9, 8, 16384), (1, 9, 8, 65536), (1, 9, 64, 16384))
+
+
+def _recorded():
+    h200 = _results.RESULTS / "h200.json"
+    return _results.load(h200) if h200.exists() else _results.load()
+
+
+def table() -> str:
+    rec = _recorded()
+    head = ["#", "stage", "chapter", "what it adds", "threads", "smem/block"]
+    head += [f"H{h} prefix {p // 1024}k µs" for _, _, h, p in COLUMNS]
+    head += ["vs Triton (H8 16k)"]
+    header = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["The article's ladder (chapters 00–07):", ""] + header
+    triton = None
+    if rec:
+        r = rec.get("triton", streams=1, q_len=9, heads=8, prefix=16384, page_size=1, scattered=True)
+        triton = r["us_graph"] if r and not r.get("unsupported") else None
+    for number, stage_id, chapter, adds in stages.chapter_map():
+        if number == stages.BEYOND_ARTICLE:
+            lines += ["", f"Beyond the article (chapters {number:02d} onward):", ""] + header
+        if stage_id is None:  # a chapter without a kernel of its own
+            cells = [str(number), "—", f"[{chapter}](chapters/{chapter})", adds] + ["—"] * (len(head) - 4)
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        s = stages.get(stage_id)
+        threads = str(s.threads) if s.is_cuda else "Triton"
+        smem = f"{s.smem_bytes(16385 if s.id == 'naive' else 1, 1) / 1024:.1f} KB" if s.is_cuda else "-"
+        if s.id == "naive":
+            smem += " (16k cache)"
+        cells = [str(s.number), f"`{s.id}`", f"[{s.chapter}](chapters/{s.chapter})", s.adds, threads, smem]
+        times = []
+        for B, T, H, P in COLUMNS:
+            r = rec.get(s.id, streams=B, q_len=T, heads=H, prefix=P, page_size=1, scattered=True) if rec else None
+            if r is None:
+                times.append(None)
+                cells.append("—")
+            elif r.get("unsupported"):
+                times.append(None)
+                cells.append("n/a")
+            else:
+                times.append(r["us_graph"])
+                cells.append(f"{r['us_graph']:.0f}")
+        cells.append(f"{triton / times[0]:.2f}x" if triton and times[0] else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    if rec:
+        lines.append("")
+        lines.append(f"Times: {rec.describe()}; CUDA-graph replay, median, L2 flushed, one stream, "
+                     f"`q_len` 9, pages of one token at scattered ids.")
+    else:
+        lines.append("")
+        lines.append("No recorded results yet: run `mla-lab bench` on a GPU.")
+    return "\n".join(lines)
+
+
+PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
+OURS, PEER = "hopper", "flashmla"
+# The shapes chapter 10's targets are set on; every other shape a peer run measured is "beyond" them.
+PEER_GRID = dict(streams=(1, 8), q_len=(9, 16), heads=(8, 64), prefix=(1024, 4096, 16384, 65536))
+
+
+def on_peer_grid(r: dict) -> bool:
+    return all(r[k] in values for k, values in PEER_GRID.items())
+
+
+def peers_table(rec=None) -> str:
+    """Stage 10 beside FlashMLA at every configuration a run measured both: chapter 10's grid, then the rest."""
+    rec = rec if rec is not None else _recorded()
+    pairs = _results.same_run_pairs(rec, OURS, PEER) if rec else []
+    if not pairs:
+        return "No run with FlashMLA recorded yet: run `mla-lab bench --peers` on an sm_90 GPU (above)."
+    lines = []
+    for title, part in (("Chapter 10's grid, the shapes its targets name",
+                         [pair for pair in pairs if on_peer_grid(pair[0])]),
+                        ("Beyond that grid", [pair for pair in pairs if not on_peer_grid(pair[0])])):
+        if not part:
+            continue
+        wins = sum(ours["us_graph"] <= peer["us_graph"] for ours, peer in part)
+        lines += [f"{title}: `{OURS}` takes at most FlashMLA's time at {wins} of {len(part)} shapes.", "",
+                  "| streams | q_len | heads | prefix | page | hopper µs | FlashMLA µs | hopper / FlashMLA "
+                  "| hopper, % of floor | FlashMLA, % of floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for ours, peer in part:
+            lines.append(f"| {ours['streams']} | {ours['q_len']} | {ours['heads']} | {ours['prefix']} | "
+                         f"{ours['page_size']} | {ours['us_graph']:.1f} | {peer['us_graph']:.1f} | "
+                         f"{ours['us_graph'] / peer['us_graph']:.2f} | {100 * ours['floor_us'] / ours['us_graph']:.0f}% | "
+                         f"{100 * peer['floor_us'] / peer['us_graph']:.0f}% |")
+        lines.append("")
+    runs = [rec.runs[i] for i in sorted({ours["run"] for ours, _ in pairs})]
+    described = "; ".join(f"{run['date'][:10]}, `{run['command']}` at commit {run.get('commit') or '?'}"
+                          f" (FlashMLA {(run.get('flash_mla') or {}).get('commit') or '?'})" for run in runs)
+    lines.append(f"Recorded on {rec.gpu}, both kernels in the same run: {described}. CUDA-graph replay, median, "
+                 "L2 flushed; the floor is the run's roofline floor (the bytes at its measured copy rate or the "
+                 "FLOPs at its measured bf16 matrix rate, whichever takes longer).")
+    return "\n".join(lines)
+
+
+TRUST_BEGIN, TRUST_END = "<!-- trust:begin -->", "<!-- trust:end -->"
+
+
+def render(text: str) -> str:
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    text = text[:a] + "\n" + table() + "\n" + text[b:]
+    if TRUST_BEGIN in text:  # "How far to trust it": from the recorded `mla-lab check` (mla_lab/check/suite.py)
+        from ..check.suite import readme_section
+
+        a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
+        text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
+    if PEERS_BEGIN in text:  # stage 10 beside FlashMLA, from the recorded `mla-lab bench --peers` runs
+        a, b = text.index(PEERS_BEGIN) + len(PEERS_BEGIN), text.index(PEERS_END)
+        text = text[:a] + "\n" + peers_table() + "\n" + text[b:]
+    if GRAPHS_BEGIN in text:  # end to end: from the recorded `mla-lab graphs` (mla_lab/serving/graphs.py)
+        from ..serving.graphs import readme_section as graphs_section
+
+        a, b = text.index(GRAPHS_BEGIN) + len(GRAPHS_BEGIN), text.index(GRAPHS_END)
+        text = text[:a] + "\n" + graphs_section() + "\n" + text[b:]
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = README.read_text()
+    new = render(text)
+    if "--check" in argv:
+        if new != text:
+            print("README.md's generated tables are out of date: run `python -m mla_lab.book.readme`")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
