@@ -79,7 +79,7 @@ enum StageIndex : int {
 
 constexpr int kMaxSplits = 256;
 
-// Whether stages that can overlap a launch with the one before it (stage 10,
+// Whether stages that can overlap a launch with the one before it (the Hopper stages,
 // programmatic dependent launch) do so; off only to measure what it is worth.
 bool g_programmatic_launch = true;
 
@@ -494,7 +494,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("kv_cache"), py::arg("block_table"), py::arg("kv_lens"), py::arg("num_splits"),
         py::arg("sink"));
   m.def("set_programmatic_launch", [](bool on) { mla::g_programmatic_launch = on; },
-        "Let stage 10 overlap each kernel's launch with the previous one (default on; off to measure it).",
+        "Let the Hopper stages overlap each kernel's launch with the previous one (default on; off to measure it).",
         py::arg("on"));
   m.def("device_limits", &mla::device_limits, "cudaGetDeviceProperties, the fields occupancy needs.",
         py::arg("device") = 0);

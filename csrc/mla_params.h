@@ -52,15 +52,14 @@ struct MlaParams {
   float* o_partial;
   float* lse_partial;
 
-  // Scratch a stage asks for itself (stage 10: its plan and partials, whose
-  // sizes only it knows).  The binding hands out memory from torch's caching
+  // Scratch a stage asks for itself (the Hopper stages: their plan and
+  // partials, whose sizes only they know).  The binding hands out memory from torch's caching
   // allocator on the call's stream, so a CUDA graph can capture the call; it
   // stays valid until the op returns, after every launch is queued.
   void* (*scratch)(void* ctx, int64_t bytes);
   void* scratch_ctx;
-  int* plan;  // stage 10: the scheduler's plan (see stage10_hopper.cu)
-  int pdl;    // stage 10: 1 to overlap each launch with the previous one (programmatic dependent launch)
-  float* debug;  // stage 10 built with -DMLA_HOPPER_DEBUG only: where it copies its first tile's products
+  int* plan;  // the Hopper stages: the scheduler's plan (see csrc/hopper/common.cuh)
+  int pdl;    // the Hopper stages: 1 to overlap each launch with the previous one (programmatic dependent launch)
 };
 
 // What a launcher would launch, so Python can check its own arithmetic.

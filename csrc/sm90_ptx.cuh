@@ -1,10 +1,11 @@
-// The Hopper (sm_90a) instructions stage 10 uses, one small wrapper each.
+// The Hopper (sm_90a) instructions the Hopper stages (10 onwards) use, one
+// small wrapper each.
 //
 // Plain inline PTX with no library behind it, so a reader can hold every
-// instruction against the PTX ISA.  Of the extension, only stage10_hopper.cu
-// includes this file (chapter 10's load rate probe does too), and only an
-// sm_90a pass compiles the bodies (the guard below): the same extension still
-// builds for sm_120 and for machines with no GPU at all.
+// instruction against the PTX ISA.  Of the extension, only the Hopper stages
+// include this file (through csrc/hopper/common.cuh; the probes do too), and
+// only an sm_90a pass compiles the bodies (the guard below): the same extension
+// still builds for sm_120 and for machines with no GPU at all.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the driver call that fills it is found at run time: no -lcuda)

@@ -40,7 +40,21 @@ MLA_STAGE(tensor_core, 1, 16, 80, 0,
           "the tensor_core stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key "
           "for tensors that are not 16-byte aligned",
           "it uses cp.async, ldmatrix and bf16 mma.sync; use stage shared_rows there")
-MLA_STAGE(hopper, 1, 16, 90, 90,
-          "the hopper stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key for "
+MLA_STAGE(wgmma, 1, 16, 90, 90,
+          "the wgmma stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key for tensors "
+          "that are not 16-byte aligned",
+          "it uses wgmma, setmaxnreg and mbarriers, which exist on sm_90 (H100, H200) alone; use stage tensor_core there")
+MLA_STAGE(tensor_copy, 1, 16, 90, 90,
+          "the tensor_copy stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key for "
           "tensors that are not 16-byte aligned",
+          "it uses wgmma, setmaxnreg, mbarriers and the tensor copy, which exist on sm_90 (H100, H200) alone; use "
+          "stage tensor_core there")
+MLA_STAGE(seesaw, 1, 16, 90, 90,
+          "the seesaw stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key for tensors "
+          "that are not 16-byte aligned",
+          "it uses wgmma, setmaxnreg, mbarriers and the tensor copy, which exist on sm_90 (H100, H200) alone; use "
+          "stage tensor_core there")
+MLA_STAGE(hopper, 1, 16, 90, 90,
+          "the hopper stage moves q and the cache in 16-byte units (cp.async); use stage warp_per_key for tensors "
+          "that are not 16-byte aligned",
           "it uses wgmma, setmaxnreg and mbarriers, which exist on sm_90 (H100, H200) alone; use stage tensor_core there")

@@ -95,7 +95,7 @@ __device__ void load(const Args& a, const Maps& maps, int t0, int t1, unsigned c
     }
     return;
   }
-  // kCpAsync: the stage's own gather (csrc/stage10_hopper.cu, load_keys), all keys valid.
+  // kCpAsync: the stage's own gather (csrc/hopper/tile_n.cuh, load_keys), all keys valid.
   const int my_key = tid / 2, half = tid & 1;
   int seq = 0;
   for (int t = t0; t < t1; ++t) {

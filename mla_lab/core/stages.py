@@ -12,7 +12,9 @@ same splits, alignment, compute capabilities and kernels.
 A stage's number is its chapter's number.  Chapter 7 (CUDA graphs) has no
 stage of its own: it captures whole verify steps built from the kernels of
 the others, so the numbers go 0-6, then 8 onward.  Chapters 0-7 follow the
-article's ladder; 8 onward go beyond it.
+article's ladder; 8 and 9 (Part II) go beyond it on any GPU since Ampere, and 10 to 13 (Part III) on Hopper:
+four stages that share csrc/hopper/ and differ in which kernels they hold and which one a call runs
+(:class:`HopperDesign`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Stage:
     min_cc: int = 0  # lowest compute capability (major * 10 + minor) its kernels run on; 0: any
     max_cc: int = 0  # highest; 0: no limit (equal to min_cc: that architecture only)
     persistent: bool = False  # one block per SM sharing all the key tiles; num_splits is that grid
+    hopper: "HopperDesign | None" = None  # a Hopper stage's kernels and its choice among them (persistent stages)
 
     @property
     def is_cuda(self) -> bool:
@@ -87,7 +90,7 @@ class Stage:
         if not self.is_cuda:
             return ()
         if self.persistent:
-            return HOPPER_KERNELS
+            return self.hopper.kernels
         return (self.kernel, COMBINE_KERNEL) if self.splits else (self.kernel,)
 
     def smem_bytes(self, max_pages: int, page_size: int) -> int:
@@ -131,24 +134,24 @@ class Stage:
         if not self.is_cuda:
             raise ValueError(f"stage {self.id} is not a CUDA stage of this extension")
         splits = num_splits if self.splits else 1
-        if self.persistent:  # persistent main kernel (its blocks schedule themselves), combine of the cut units
-            cp_kernel, tma_kernel, _, combine, by_warps_kernel, _ = HOPPER_KERNELS
-            see_kernel = hopper_seesaw_kernel_for(page_size)
-            units = hopper_units(streams, q_len, heads, max_pages, page_size, splits)
+        if self.persistent:  # persistent main kernel (its blocks schedule themselves), merge of the cut units
+            k = self.hopper
+            units = hopper_units(streams, q_len, heads, max_pages, page_size, splits, self.id)
             slices = hopper_combine_slices(splits, units, hopper_table_tiles(max_pages, page_size))
             if slices == 1 and hopper_combine_by_warps(splits, units):  # the merge by warps instead of the combine
-                merge = Launch(by_warps_kernel, (HOPPER_PAIRS_PER_BLOCK // HOPPER_PAIRS_PER_WARP_MERGE_BLOCK,
-                                                 min(splits, units), 1), (HOPPER_COMBINE_THREADS, 1, 1), 0)
+                merge = Launch(k.merge_by_warps, (HOPPER_PAIRS_PER_BLOCK // HOPPER_PAIRS_PER_WARP_MERGE_BLOCK,
+                                                  min(splits, units), 1), (HOPPER_COMBINE_THREADS, 1, 1), 0)
             else:
-                merge = Launch(combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
+                merge = Launch(k.combine, (HOPPER_PAIRS_PER_BLOCK * slices, min(splits, units), 1),
                                (hopper_combine_threads(slices, units), 1, 1), 0)
-            # A table too narrow for two tiles cuts no unit: such a call launches no merge (may_cut_10).
+            # A table too narrow for two tiles cuts no unit: such a call launches no merge (may_cut).
             merges = [merge] if hopper_table_tiles(max_pages, page_size) > 1 else []
-            if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+            if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits, self.id):
+                see_kernel = hopper_seesaw_kernel_for(page_size, self.id)
                 return [Launch(see_kernel, (splits, 1, 1), (HOPPER_SEE_THREADS, 1, 1), HOPPER_SEE_SMEM_BYTES), *merges]
-            if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits):
-                return [Launch(tma_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), *merges]
-            return [Launch(cp_kernel, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), *merges]
+            if hopper_tma_pays(streams, q_len, heads, max_pages, page_size, splits, self.id):
+                return [Launch(k.tma, (splits, 1, 1), (self.threads, 1, 1), HOPPER_TMA_SMEM_BYTES), *merges]
+            return [Launch(k.gather, (splits, 1, 1), (self.threads, 1, 1), HOPPER_SMEM_BYTES), *merges]
         main = Launch(self.kernel, self.grid(streams, q_len, heads, splits), (self.threads, 1, 1), self.smem_bytes(max_pages, page_size))
         if not self.splits:
             return [main]
@@ -158,13 +161,13 @@ class Stage:
 COMBINE_KERNEL = "combine_splits_kernel"
 COMBINE_THREADS = 128
 
-# Stage 10 (csrc/stage10_hopper.cu), whose block is not built from the fields
+# The Hopper stages (csrc/hopper/), whose block is not built from the fields
 # above: a loader warpgroup and two compute warpgroups of 40 (row, head) pairs
 # each; a ring of 15 chunks of a 64-key tile (64 keys x 64 dims, 8 KB each);
 # each compute warpgroup's Q^T (9 chunks x 40 pairs x 128 B) and P^T (40 x 128 B);
 # softmax exchange words; 30 mbarriers; the scheduler's words (a prefix sum's warp
 # totals, the share's first unit); 1 KB to align the base to 1024 bytes.
-HOPPER_SLICED_PIECES = 32  # stage 10's combine is sliced where a unit can be cut into this many pieces (kSlicedPieces)
+HOPPER_SLICED_PIECES = 32  # the Hopper stages' combine is sliced where a unit can be cut into this many pieces (kSlicedPieces)
 
 
 def hopper_combine_slices(splits: int, units: int, unit_tiles_bound: int) -> int:
@@ -194,10 +197,9 @@ def hopper_groups(q_len: int, heads: int) -> int:
 
 
 def hopper_fills_rows(pairs: int, eighth: bool = False) -> bool:
-    """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows): padded to whole tiles, at
-    most a third more rows than pairs (so 48 or more).  ``eighth``: the line with pages of 16 or 32 (where the
-    seesaw asks how a tile's boxes lie), and for every page size as first written (the build fill_eighth): 64
-    pairs or more with an eighth of padding at most."""
+    """Whether a stream's (row, head) pairs fill tiles of 64 on wgmma's M (fills_rows_third, fills_rows_eighth):
+    padded to whole tiles, at most a third more rows than pairs (so 48 or more); ``eighth``: 64 pairs or more with
+    an eighth of padding at most."""
     padded = -(-pairs // HOPPER_ROWS_PAIRS) * HOPPER_ROWS_PAIRS
     if eighth:
         return pairs >= HOPPER_ROWS_PAIRS and 8 * padded <= 9 * pairs
@@ -214,24 +216,37 @@ def hopper_seesaw_groups(q_len: int, heads: int) -> int:
     return -(-(q_len * heads) // HOPPER_ROWS_PAIRS)
 
 
-def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> bool:
-    """Whether a call of stage 10 runs the crossed seesaw (hopper_seesaw_kernel, seesaw_layout): where a stream's
-    pairs fill tiles of 64, the pages suit the tensor copy, and the block table's width gives each of the
-    ``splits`` blocks hopper_see_tiles_per_block(page_size) key tiles or more, in units of 64 pairs (a bound: the
-    host cannot see the lengths).  (A cache that gets no tensor map is then gathered by hopper_kernel, in the same
-    units.)"""
+def _design(stage) -> "HopperDesign":
+    st = stage if isinstance(stage, Stage) else get(stage)
+    if st.hopper is None:
+        raise ValueError(f"stage {st.id} is not a Hopper stage")
+    return st.hopper
+
+
+def hopper_seesaw_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int,
+                       stage: "str | Stage" = "hopper") -> bool:
+    """Whether a call of a Hopper stage (by default the op) runs the seesaw (its stage file's rule, SeesawAnEighth
+    or SeesawAThird): where a stream's pairs fill tiles of 64 (an eighth of padding at most in stage 12; a third with
+    pages of 64 keys or a multiple in the op), the pages suit the tensor copy, and the block table's width gives each
+    of the ``splits`` blocks hopper_see_tiles_per_block(page_size) key tiles or more, in units of 64 pairs (a bound:
+    the host cannot see the lengths).  Never in stages 10 and 11, which have no seesaw.  (A cache that gets no tensor
+    map is then gathered by the tile on N, in the same units.)"""
+    line = _design(stage).seesaw
+    if line is None:
+        return False
+    eighth = line == "eighth" or page_size % HOPPER_KEYS_PER_TILE != 0
     units = streams * hopper_seesaw_groups(q_len, heads)
-    return (hopper_fills_rows(q_len * heads, eighth=page_size % HOPPER_KEYS_PER_TILE != 0)
+    return (hopper_fills_rows(q_len * heads, eighth=eighth)
             and hopper_tma_pages(page_size)
             and units * hopper_table_tiles(max_pages, page_size) >= hopper_see_tiles_per_block(page_size) * splits)
 
 
 def hopper_unit_start_slots(streams: int, q_len: int, heads: int, max_pages: int, page_size: int,
-                            splits: int) -> int:
-    """The slots of stage 10's plan a unit's start takes before its tiles (unit_start_slots): where the seesaw
-    runs (hopper_seesaw_pays), HOPPER_SEE_UNIT_START_TILES, what starting a unit costs it in tiles; elsewhere 0,
-    every slot a tile."""
-    pays = hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits)
+                            splits: int, stage: "str | Stage" = "hopper") -> int:
+    """The slots of the plan a unit's start takes before its tiles (unit_start_slots): where the seesaw runs
+    (hopper_seesaw_pays), HOPPER_SEE_UNIT_START_TILES, what starting a unit costs it in tiles; elsewhere 0, every
+    slot a tile."""
+    pays = hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits, stage)
     return HOPPER_SEE_UNIT_START_TILES if pays else 0
 
 
@@ -243,36 +258,40 @@ def hopper_see_tiles_per_block(page_size: int) -> int:
     return HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES
 
 
-def hopper_units(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int) -> int:
-    """The units of a call of stage 10 (a stream's group of pairs): of up to 80 pairs, or of 64 where the seesaw
-    runs (hopper_seesaw_pays)."""
-    if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+def hopper_units(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int,
+                 stage: "str | Stage" = "hopper") -> int:
+    """The units of a call of a Hopper stage (a stream's group of pairs): of up to 80 pairs, or of 64 where the
+    seesaw runs (hopper_seesaw_pays)."""
+    if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits, stage):
         return streams * hopper_seesaw_groups(q_len, heads)
     return streams * hopper_groups(q_len, heads)
 
 
 def hopper_tma_pays(streams: int, q_len: int, heads: int, max_pages: int, page_size: int, splits: int,
-                    seesaw: bool = True) -> bool:
-    """Whether a call of stage 10 copies its key tiles by TMA (hopper_tma_kernel, tma_pays) rather than gathering
-    them with cp.async (hopper_kernel): where the pages hold 16 keys or more, a multiple or a divisor of 64, and the
-    block table's width (``max_pages`` pages of ``page_size``) lets each of the ``splits`` blocks have
-    HOPPER_TMA_TILES_PER_BLOCK key tiles or more to load.  The host cannot see the lengths, so this is a bound.  (The
-    op also gathers where the cache gets no tensor map: a base or a stride not a multiple of 16 bytes.)  Where the
-    seesaw pays, the op runs it instead; ``seesaw=False`` gives the rule of the build without it (ablation's
-    ``loader_choice``)."""
-    if seesaw and hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits):
+                    stage: "str | Stage" = "hopper") -> bool:
+    """Whether a call of a Hopper stage copies its key tiles by TMA (its tma_pays) rather than gathering them with
+    cp.async: never in stage 10; from stage 11 on, where the pages hold 16 keys or more, a multiple or a divisor of
+    64, and the block table's width (``max_pages`` pages of ``page_size``) lets each of the ``splits`` blocks have
+    HOPPER_TMA_TILES_PER_BLOCK key tiles or more to load.  The host cannot see the lengths, so this is a bound.  (A
+    cache that gets no tensor map is gathered: a base or a stride not a multiple of 16 bytes.)  Where the seesaw
+    pays, the stage runs it instead."""
+    if not _design(stage).tma:
+        return False
+    if hopper_seesaw_pays(streams, q_len, heads, max_pages, page_size, splits, stage):
         return False  # the seesaw runs instead
     bound = hopper_tiles_bound(streams, q_len, heads, max_pages, page_size)
     return hopper_tma_pages(page_size) and bound >= HOPPER_TMA_TILES_PER_BLOCK * splits
 
 
-def hopper_seesaw_kernel_for(page_size: int) -> str:
-    """The seesaw kernel of the op that reads pages of ``page_size`` keys (seesaw_kernel_for): hopper_seesaw_kernel,
-    compiled for tiles of one box of 64 keys copied four chunks at once, with pages of 64 keys or a multiple;
-    hopper_seesaw_any_pages_kernel, which asks how a tile's boxes lie, with pages of 16 or 32.  (The op also runs
-    the second where the driver refuses the map of four chunks; with pages of 64 it has not here.)"""
-    _, _, whole_tiles, _, _, any_pages = HOPPER_KERNELS
-    return whole_tiles if page_size % HOPPER_KEYS_PER_TILE == 0 else any_pages
+def hopper_seesaw_kernel_for(page_size: int, stage: "str | Stage" = "hopper") -> str:
+    """The seesaw kernel of a stage that reads pages of ``page_size`` keys (seesaw_kernel_for): the one compiled
+    for tiles of one box of 64 keys copied four chunks at once, with pages of 64 keys or a multiple; the one that
+    asks how a tile's boxes lie, with pages of 16 or 32.  (A stage also runs the second where the driver refuses
+    the map of four chunks; with pages of 64 it has not here.)"""
+    d = _design(stage)
+    if d.seesaw is None:
+        raise ValueError("a stage without the seesaw has no seesaw kernel")
+    return d.seesaw_kernel if page_size % HOPPER_KEYS_PER_TILE == 0 else d.seesaw_any_pages
 
 
 def hopper_table_tiles(max_pages: int, page_size: int) -> int:
@@ -281,16 +300,52 @@ def hopper_table_tiles(max_pages: int, page_size: int) -> int:
 
 
 def hopper_tiles_bound(streams: int, q_len: int, heads: int, max_pages: int, page_size: int) -> int:
-    """The most key tiles a call of stage 10 can have, from what the host sees: every unit (a stream's pair group)
-    with the table's width in tiles.  hopper_tma_pays compares it with the blocks."""
+    """The most key tiles a call of the tile on N can have, from what the host sees: every unit (a stream's pair
+    group) with the table's width in tiles.  hopper_tma_pays compares it with the blocks."""
     return streams * hopper_groups(q_len, heads) * hopper_table_tiles(max_pages, page_size)
 
 
-# The four main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say which, and where
-# the seesaw runs, hopper_seesaw_kernel_for), and the two merges, one of which it launches (hopper_combine_by_warps
-# says which).
-HOPPER_KERNELS = ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel", "hopper_combine_kernel",
-                  "hopper_merge_by_warps_kernel", "hopper_seesaw_any_pages_kernel")
+@dataclass(frozen=True)
+class HopperDesign:
+    """What a Hopper stage's file holds: its kernels, named by what each does, and its choice among them.
+
+    ``gather``: the tile on N, its keys gathered with cp.async; ``tma``: the same fed by the tensor copy;
+    ``seesaw_kernel`` and ``seesaw_any_pages``: the seesaw, compiled for whole tiles of 64 keys and for any
+    pages; ``combine`` and ``merge_by_warps``: the two merges.  ``seesaw``: the stage's line for a stream's
+    pairs (None: no seesaw; "eighth": 64 pairs or more with an eighth of padding at most; "third": a third
+    of padding where the pages hold whole tiles, else an eighth).
+    """
+    gather: str
+    combine: str
+    merge_by_warps: str
+    tma: str | None = None
+    seesaw_kernel: str | None = None
+    seesaw_any_pages: str | None = None
+    seesaw: str | None = None
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """Every kernel, in the order of the stage file's list: the main kernels, the merges, then the seesaw's
+        second kernel."""
+        mains = [k for k in (self.gather, self.tma, self.seesaw_kernel) if k]
+        tail = [self.seesaw_any_pages] if self.seesaw_any_pages else []
+        return (*mains, self.combine, self.merge_by_warps, *tail)
+
+
+WGMMA = HopperDesign(gather="wgmma_kernel", combine="wgmma_combine_kernel",
+                     merge_by_warps="wgmma_merge_by_warps_kernel")
+TENSOR_COPY = HopperDesign(gather="tensor_copy_gather_kernel", tma="tensor_copy_kernel",
+                           combine="tensor_copy_combine_kernel", merge_by_warps="tensor_copy_merge_by_warps_kernel")
+SEESAW = HopperDesign(gather="seesaw_gather_kernel", tma="seesaw_tma_kernel", seesaw_kernel="seesaw_kernel",
+                      seesaw_any_pages="seesaw_any_pages_kernel", combine="seesaw_combine_kernel",
+                      merge_by_warps="seesaw_merge_by_warps_kernel", seesaw="eighth")
+OP = HopperDesign(gather="hopper_kernel", tma="hopper_tma_kernel", seesaw_kernel="hopper_seesaw_kernel",
+                  seesaw_any_pages="hopper_seesaw_any_pages_kernel", combine="hopper_combine_kernel",
+                  merge_by_warps="hopper_merge_by_warps_kernel", seesaw="third")
+# The op's kernels: the main kernels, one of which a call launches (hopper_seesaw_pays and hopper_tma_pays say
+# which, and where the seesaw runs, hopper_seesaw_kernel_for), and the two merges, one of which it launches
+# (hopper_combine_by_warps says which).
+HOPPER_KERNELS = OP.kernels
 HOPPER_TMA_TILES_PER_BLOCK = 12  # kTmaTilesPerBlock
 HOPPER_SEE_TILES_PER_BLOCK = 15  # kSeeTilesPerBlock: pages of 64 keys or a multiple
 HOPPER_SEE_TILES_PER_BLOCK_SMALL_PAGES = 56  # kSeeTilesPerBlockSmallPages: pages of 16 or 32
@@ -361,14 +416,33 @@ STAGES: tuple[Stage, ...] = (
           "16 (row, head) pairs per block as one mma.sync m16 tile, bf16 in, fp32 out; cp.async double buffering",
           "cuda", "stage09_tensor_cores.cu", "tensor_core_kernel", threads=128, head_tile=1, keys_per_tile=32,
           kv_row_stride=D_QK + 8, splits=True, align_bytes=16, acc_in_smem=False, pair_tile=16, min_cc=80),
-    Stage("hopper", 10, "Hopper: wgmma, a warp-specialised pipeline, balanced work", "10_hopper.ipynb",
+    Stage("wgmma", 10, "wgmma: the products turned around, a warp-specialised block, a GPU scheduler",
+          "10_wgmma.ipynb",
           "keys as the wgmma M side and up to 80 (row, head) pairs as N; a loader warpgroup feeds two compute "
-          "warpgroups; one block per SM, each given an equal share of all key tiles by a GPU scheduler; long calls "
-          "whose pairs fill tiles of 64 with a third of padding at most: 64 pairs as M, two warpgroups in FlashMLA's "
-          "seesaw, tiles by TMA",
-          "cuda", "stage10_hopper.cu", "hopper_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
+          "warpgroups through mbarriers; one block per SM, each given an equal share of all key tiles by a GPU "
+          "scheduler; the units cut between blocks merged after",
+          "cuda", "stage10_wgmma.cu", "wgmma_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
           splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
-          persistent=True),
+          persistent=True, hopper=WGMMA),
+    Stage("tensor_copy", 11, "The tensor-copy loader: whole key tiles by TMA", "11_tensor_copy.ipynb",
+          "the loader copies whole 64-key tiles by TMA, one instruction per 8 KB chunk of a page, where each block "
+          "has a dozen tiles or more; shorter calls keep stage 10's gather",
+          "cuda", "stage11_tensor_copy.cu", "tensor_copy_gather_kernel", threads=HOPPER_THREADS,
+          keys_per_tile=HOPPER_KEYS_PER_TILE, splits=True, align_bytes=16, acc_in_smem=False,
+          pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90, persistent=True, hopper=TENSOR_COPY),
+    Stage("seesaw", 12, "FlashMLA's seesaw: 64 pairs on M, two warpgroups, no loader", "12_seesaw.ipynb",
+          "where a stream's pairs fill tiles of 64 (an eighth of padding at most) and blocks have many tiles: 64 pairs "
+          "as wgmma's M, two warpgroups taking even and odd tiles in FlashMLA's seesaw, tiles copied four chunks at "
+          "a time, a tile loop compiled for whole tiles",
+          "cuda", "stage12_seesaw.cu", "seesaw_gather_kernel", threads=HOPPER_THREADS,
+          keys_per_tile=HOPPER_KEYS_PER_TILE, splits=True, align_bytes=16, acc_in_smem=False,
+          pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90, persistent=True, hopper=SEESAW),
+    Stage("hopper", 13, "hopper: each call on the tile that pays", "13_hopper.ipynb",
+          "the seesaw also for pairs that pad its tiles by up to a third (48 pairs or more) where the pages hold "
+          "whole tiles: the op",
+          "cuda", "stage13_hopper.cu", "hopper_kernel", threads=HOPPER_THREADS, keys_per_tile=HOPPER_KEYS_PER_TILE,
+          splits=True, align_bytes=16, acc_in_smem=False, pair_tile=HOPPER_PAIRS_PER_BLOCK, min_cc=90, max_cc=90,
+          persistent=True, hopper=OP),
 )
 
 _BY_ID = {s.id: s for s in STAGES}
