@@ -14,6 +14,8 @@ needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (this machi
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
+    config.addinivalue_line("markers", "compile: compiles builds beside the extension (experiments, other GPUs) and "
+                                       "reads their SASS; not in a plain run: `python -m pytest -m compile` runs them")
 
 
 @pytest.fixture(scope="session")
