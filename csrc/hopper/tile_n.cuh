@@ -171,6 +171,11 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
   const int first_share_unit = cur.unit;
 
   int seq = 0;
+  // The turns the two warpgroups take at the tensor cores (Parts::Turns):
+  // none in the op, where they fall into step by themselves.
+  const typename Parts::Turns turns(sh, group);
+  if (group == 1) turns.pass();
+
   using Stamps = typename Parts::Stamps;
   typename Stamps::Tiles stamps(group);
   int u, t0, t1;
@@ -212,6 +217,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       // Only chunks that cp.async wrote need the fence, and the TMA loader's gatherers fence theirs.
       const bool fence_chunks = !kFewerFences || !tma_chunks;
       stamps.at(0);
+      turns.take();
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
@@ -226,6 +232,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
                              q_desc + ((dims_of(j) * kPairsPerGroup * 128 + 32 * ks) >> 4), j | ks);
       }
       wgmma_commit();
+      turns.pass();
       wgmma_wait<0>();
       fence_accumulators(s);
       __syncwarp();
@@ -350,6 +357,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       stamps.at(3);
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) fence_accumulators(o[j]);
+      turns.take();
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kVChunks; ++j) {
@@ -359,6 +367,7 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
           wgmma_m64n40k16<1>(o[j], ring_desc + ((slot * kChunkBytes + 2048 * ks) >> 4), p_desc + ((32 * ks) >> 4), 1);
         wgmma_commit();  // one group per dim tile, so its chunk can go back first
       }
+      turns.pass();
       stamps.at(4);
       // Hand each chunk back to the loader as soon as its products are done: the
       // next tile's last chunks wait for exactly these slots.
@@ -430,13 +439,21 @@ __device__ void compute(const MlaParams& p, const Shape& sh, Cursor cur, unsigne
       }
     }
   }
+  if (group == 0) turns.take();  // warpgroup 1's last turn, passed after its last products
 }
 
 // The pieces of the tile on N that an experiment may swap (csrc/experiments/):
 // the op's.  compute: the compute warpgroups' loop; Out: how a whole unit's
-// rows reach out; kCopyQ: whether a unit's Q is copied; Stamps: no clock stamps.
+// rows reach out; kCopyQ: whether a unit's Q is copied; Turns: no turns at the
+// tensor cores; Stamps: no clock stamps.
+struct NoTurns {
+  __device__ NoTurns(const Shape&, int) {}
+  __device__ void take() const {}
+  __device__ void pass() const {}
+};
 struct TileNParts {
   using Stamps = NoStamps;
+  using Turns = NoTurns;
   using Out = StagedOut;
   static constexpr bool kCopyQ = true;
   template <bool kFewerFences, class Self>

@@ -17,6 +17,8 @@ two to each other.
 
 from __future__ import annotations
 
+import functools
+
 from ..core import stages as _stages
 from ..core.problem import D_QK, D_V, Problem, Workload
 from .common import (BF16, DOTS, FP32, INT32, Traffic, _combine_traffic, dot_chunks16, dot_serial, dot_warp,
@@ -34,7 +36,7 @@ __all__ = ["BF16", "DOTS", "FP32", "INT32", "HOPPER_STAGE_ROW_BYTES", "MODELS", 
            "seesaw_tile_boxes", "split_length", "tma_gather_schedule", "traffic"]
 
 MODELS = {"naive": model_naive, "shared_rows": model_shared_rows, "tensor_core": model_tensor_core,
-          "hopper": model_hopper,
+          **{s: functools.partial(model_hopper, stage=s) for s in ("wgmma", "tensor_copy", "seesaw", "hopper")},
           **{s: model_tiled(s) for s in ("flash_ht8", "kv_split", "per_head", "warp_per_key", "float4")}}
 
 
@@ -66,8 +68,8 @@ def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | N
     S = num_splits if st.splits else 1
     if st.persistent:
         width = table_width if table_width is not None else max(p.pages_per_stream) + 1
-        see = _stages.hopper_seesaw_pays(B, T, H, width, p.page_size, num_splits or 132)
-        S = _stages.hopper_unit_start_slots(B, T, H, width, p.page_size, num_splits or 132)
+        see = _stages.hopper_seesaw_pays(B, T, H, width, p.page_size, num_splits or 132, stage_id)
+        S = _stages.hopper_unit_start_slots(B, T, H, width, p.page_size, num_splits or 132, stage_id)
         plan = hopper_plan(p.kv_lens, T, H, num_splits or 132, pairs_per_block=SEESAW_PAIRS if see else None,
                            start_slots=S)
         K = st.keys_per_tile

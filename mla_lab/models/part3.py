@@ -254,7 +254,7 @@ def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p, cross=False):
 
 
 def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_loop, start_slots=0):
-    """Stage 10's plan, each block's share piece by piece (``tile_loop``), and the merge of the cut units."""
+    """A Hopper stage's plan, each block's share piece by piece (``tile_loop``), and the merge of the cut units."""
     B, T, H, _ = w.q.shape
     C = num_splits or 132
     capacity = w.block_table.shape[1] * w.kv_cache.shape[1]
@@ -308,28 +308,31 @@ def _model_persistent(w: Workload, num_splits, round_p, pairs_per_block, tile_lo
 SEESAW_PAIRS = _stages.HOPPER_ROWS_PAIRS  # the seesaw's unit: 64 pairs on wgmma's M
 
 
-def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True):
-    """Stage 10: the plan, each block's share piece by piece, the combine of the cut units.
+def model_hopper(w: Workload, num_splits: int | None = None, round_p: bool = True, stage: str = "hopper"):
+    """A Hopper stage (by default the op): the plan, each block's share piece by piece, the merge of the cut units.
 
     As on the tensor cores of stage 9, P is rounded to bf16 before it
     multiplies V and the softmax runs in base 2; ``round_p=False`` keeps P in
     fp32.  ``num_splits`` is the persistent grid (blocks); default 132.
-    Where the op runs the crossed seesaw (:func:`mla_lab.core.stages.hopper_seesaw_pays`,
-    from the block table's width), this is :func:`model_seesaw` with ``cross``.
+    Where the stage runs the seesaw (:func:`mla_lab.core.stages.hopper_seesaw_pays`, from the block table's
+    width), this is :func:`model_seesaw` with ``cross``; elsewhere the tile on N (which loader fed it changes
+    nothing here).
     """
     B, T, H, _ = w.q.shape
-    if _stages.hopper_seesaw_pays(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132):
-        return model_seesaw(w, num_splits, round_p, cross=True)
+    if _stages.hopper_seesaw_pays(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132, stage):
+        return model_seesaw(w, num_splits, round_p, cross=True, stage=stage)
     return _model_persistent(w, num_splits, round_p, None, _hopper_tiles)
 
 
-def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True, cross: bool = False):
-    """Stage 10's seesaw build (``-DMLA_HOPPER_SEESAW=1``) where it runs its own kernel (a stream's pairs fill
-    tiles of 64): the same plan in units of 64 pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says
-    (with ``cross``, in the crossed build's order, ``-DMLA_HOPPER_SEESAW_CROSS=1``), the same merge.  Where
-    the op would run it (:func:`mla_lab.core.stages.hopper_seesaw_pays`) a unit's start takes slots of the plan."""
+def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = True, cross: bool = False,
+                 stage: str = "hopper"):
+    """The seesaw where it runs its own kernel (a stream's pairs fill tiles of 64): the same plan in units of 64
+    pairs, each piece's tiles in pairs as :func:`_seesaw_tiles` says (with ``cross``, in the crossed order the
+    stages run; without, as first written), the same merge.  Where ``stage`` would run it
+    (:func:`mla_lab.core.stages.hopper_seesaw_pays`) a unit's start takes slots of the plan."""
     B, T, H, _ = w.q.shape
-    S = _stages.hopper_unit_start_slots(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132)
+    S = _stages.hopper_unit_start_slots(B, T, H, w.block_table.shape[1], w.kv_cache.shape[1], num_splits or 132,
+                                        stage)
     return _model_persistent(w, num_splits, round_p, SEESAW_PAIRS,
                              functools.partial(_seesaw_tiles, cross=cross), S)
 
