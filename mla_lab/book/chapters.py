@@ -56,21 +56,24 @@ def execute(paths=None, timeout: int = 1200) -> int:
 
 
 def prebuild_for(paths) -> int:
-    """Before chapter 10 runs on a Hopper GPU, compile its builds of stage 10 side by side; returns how many."""
-    if not any(Path(p).name.startswith("10_") for p in paths) or not hopper_here():
+    """Before a Part III chapter runs on a Hopper GPU, compile the experiments side by side; returns how many."""
+    if not any(Path(p).name[:2] in HOPPER_CHAPTERS for p in paths) or not hopper_here():
         return 0
     import time
 
-    from . import experiments as ablation
+    from . import experiments
 
     t0 = time.perf_counter()
-    n = ablation.prebuild()
-    print(f"compiled chapter 10's {n} builds of stage 10 side by side in {time.perf_counter() - t0:.0f} s", flush=True)
+    n = experiments.prebuild()
+    print(f"compiled the {n} experiment and probe modules side by side in {time.perf_counter() - t0:.0f} s", flush=True)
     return n
 
 
+HOPPER_CHAPTERS = ("10", "11", "12", "13")
+
+
 def hopper_here() -> bool:
-    """Whether this machine's GPU runs stage 10 (the registry's rule), so that chapter 10 measures live."""
+    """Whether this machine's GPU runs the Hopper stages (the registry's rule), so that Part III measures live."""
     import torch
 
     from ..core import stages

@@ -1,304 +1,140 @@
-"""Stage 10 with part of its work taken away: where the time of a tile goes.
+"""The experiments: a Hopper stage with one piece swapped, built beside the extension.
 
-A kernel that overlaps two kinds of work (here the loader's copies of the key
-tiles and the compute warpgroups' products and softmax) runs at the speed of
-the slower one only if the overlap is perfect.  Taking one kind away and timing
-what is left says how long the other takes alone:
+Each file in ``csrc/experiments/`` holds a few variants of one idea (the work
+of a tile taken away, a tile's timeline, a loader as first written, the
+seesaw's pieces one at a time, a short call taken apart...); each variant is a
+kernel of that file and a launch as the op's launcher would make it (without
+the op's choice of kernel: every call runs the variant).  A file builds into a
+module of its own with ``csrc/experiments/binding.cpp`` (:func:`load`, for
+sm_90a; ``python -m mla_lab.book.experiments build NAME`` builds the file that
+holds NAME), and :func:`runner` calls a variant as :func:`mla_lab.core.ops.runner`
+calls a stage.  None is an op: several answer wrongly on purpose.
 
-* ``no_copies``: the loader reads neither the cache nor the block table; it
-  zeroes its ring of chunks once and publishes each chunk as soon as the slot
-  is free.  What remains is the math, fed as fast as the ring turns.
-* ``no_math``: the compute warpgroups wait for each tile's chunks and hand
-  them straight back.  What remains is the loading.
-* ``neither``: only the skeleton: scheduler, barriers, ``Q``'s load, outputs,
-  combine.
-
-Each variant is ``csrc/stage10_hopper.cu`` compiled with ``-DMLA_HOPPER_ABLATE``
-(1, 2, 3) and ``csrc/stage10_ablation.cpp`` into a module of its own under
-``build/``; its answers are wrong on purpose, so it never becomes an op.  It
-needs a compute capability 9.0 GPU, like the stage.
-
-Other builds (:data:`BUILDS`) change how the work is done, not how much of
-it.  ``tma`` (``-DMLA_HOPPER_TMA=1``) loads the key tiles another way: where
-the cache's pages hold 16 keys or more (a multiple or a divisor of 64), each
-whole tile is copied by TMA, the bulk tensor copy, one instruction per 8 KB
-chunk (or per page within one), instead of gathered with 16-byte
-``cp.async``.  ``tma_first`` (``-DMLA_HOPPER_TMA=2``) is the same loader as
-first written, which worked out each copy's coordinates per chunk and per box
-and gathered a stream's last tile with one warp.  Their answers are right:
-chapter 10 times both against the op.  ``tma_no_math`` and
-``tma_first_no_math`` are those loaders with the math taken away, as
-``no_math`` takes it from the op's: the loaders alone.  ``tma_fewer_fences``
-(``-DMLA_HOPPER_FENCE_GATHERED_ONLY=1`` on top of ``tma``) drops the compute
-warps' proxy fence (``fence.proxy.async``) before a chunk's products: the
-tensor copy writes through the async proxy, which the tensor cores read
-through, and the loader's gathering warps fence the chunks they write with
-``cp.async`` themselves, after waiting for their copies.  ``timeline``
-(``-DMLA_HOPPER_TIMELINE=1``) does all the work and adds clock reads: thread 0
-of each compute warpgroup of block 0 stamps six points of each tile
-(:data:`STAMP_EVENTS`).  :func:`timeline` runs it and :func:`timeline_summary`
-says how long each phase takes and for how much of a tile both warpgroups are
-in their softmax at once, when neither has a product on the tensor cores.
-
-The :data:`ROWS_BUILDS` compute in another layout (``-DMLA_HOPPER_ROWS=1``):
-where a stream's pairs fill their ``wgmma`` tiles (at most a third of
-padding, so 48 pairs or more), the pairs are the M of every product (64 per
-unit, ``S = Q K^T`` with N = 64 keys, ``O += P V`` with N = 64 dims), and the two
-compute warpgroups score alternate tiles and split the 512 output dims; the
-main kernel is then ``hopper_rows_kernel``.  ``rows`` is that kernel whole
-(its answers are right), ``rows_no_copies`` and ``rows_no_math`` take away
-what ``no_copies`` and ``no_math`` take from the op.  ``rows_tma``
-(``-DMLA_HOPPER_TMA=1`` on top of ``rows``) feeds the rows kernel with the
-``tma`` build's loader, which fills the same chunks in the same swizzle; its
-answers are right, and ``rows_tma_no_math`` is its loads alone.
-
-``seesaw`` (``-DMLA_HOPPER_SEESAW=1``) is the rows layout scheduled as
-FlashMLA's deep-dive describes (its "seesaw"), in a kernel of its own,
-``hopper_seesaw_kernel``: two warpgroups and no loader, each holding half of
-O's dims; warpgroup 0 scores the even tiles and warpgroup 1 the odd ones, and
-one softmax reference passes from tile to tile between them, so that one
-warpgroup's softmax runs beside the other's products; each chunk of the next
-two tiles is asked of the tensor copy by a compute thread the moment its last
-reader is done.  Where a stream's pairs do not fill tiles of 64, or the pages
-cannot be read by the tensor copy (pages of 1), its calls run the op's
-``cp.async`` kernel.  Its answers are right; ``seesaw_timeline`` stamps six
-points of each pair of tiles in each warpgroup (:data:`SEESAW_STAMP_EVENTS`,
-:func:`seesaw_timeline_summary`).  ``seesaw_cross``
-(``-DMLA_HOPPER_SEESAW_CROSS=1`` on top) crosses its hand-over: warpgroup 0
-hands P_A over in A's own reference as soon as A's softmax is done, warpgroup 1
-adds P_A V_A while it runs B's softmax, and a warpgroup whose O B's reference
-moves rescales it before adding P_B V_B; warpgroup 1 scores the next B only once
-the next A's scores are done.  ``seesaw_cross_timeline`` stamps it
-(:data:`SEESAW_CROSS_STAMP_EVENTS`).  ``seesaw_steps`` and ``seesaw_cross_steps``
-(``-DMLA_HOPPER_PAGE_STEPS=1`` on top of each) find a tile's block-table entry
-by steps set once per kernel (a shift where a page holds a power of two of
-tiles) instead of dividing its first key by the page size at every tile;
-``seesaw_cross_steps_timeline`` stamps the second.  On top of
-``seesaw_cross_steps``: ``seesaw_cross_behind`` (``-DMLA_HOPPER_COPY_BEHIND=1``)
-asks for two of each warpgroup's groups of copies right after the products they
-stood before (slower: the chunks land later), and ``seesaw_cross_boxes``
-(``-DMLA_HOPPER_COPY_BOXES=1``) copies a tile's chunks 0..3 and 4..7 in one
-four-dimensional box each, on one barrier a group (the op's seesaw kernel is
-this build's, instruction for instruction); each has a timeline build.
-``even_starts`` (``-DMLA_HOPPER_UNIT_START_TILES=0`` on top of
-``seesaw_cross_boxes``) is the op's seesaw with its scheduler as first
-written: every slot of the plan a tile, where the op gives each unit's start
-five slots ahead of its tiles (a share that starts many short units then
-gets fewer tiles).  Its answers are right.  ``softmax_fmul``
-(``-DMLA_HOPPER_SOFTMAX_FMUL=1`` on top of ``seesaw_cross_boxes``) is the op's
-seesaw with its softmax as first written: every score multiplied by the scale,
-and tested against its row's end in every tile (ptxas made the test selects),
-where the op tests only a stream's edge tiles, behind a branch, and folds the
-scale into the exponent's one fused multiply-add.  Its answers are right, and
-not the op's bits; ``softmax_fmul_timeline`` stamps it.  ``shares_apart``
-(``-DMLA_HOPPER_SHARES_APART=1`` on top of ``seesaw_cross_boxes``) is the op's
-seesaw with its blocks in the order first written: block c takes share c, so
-the groups' shares that read the same keys at the same time sit C/G blocks
-apart, where the op gives them neighbouring blocks.  The same work, the op's
-bits.
-
-``early_scores`` (``-DMLA_HOPPER_EARLY_SCORES=1``) changes only the order of
-a tile's work: a compute warpgroup issues the next tile's scores right behind
-this tile's products, handing each V chunk back as its products finish,
-instead of waiting for all of the products first.  Its answers are right;
-``early_scores_timeline`` is that build with the timeline's stamps (its
-"products done" is then the moment the next tile's scores are all issued).
-
-``pingpong`` (``-DMLA_HOPPER_PINGPONG=1``) makes the two compute warpgroups
-take turns at the tensor cores: warpgroup 0 issues its scores, then
-warpgroup 1 its scores, then 0 its products, then 1 its products, each turn
-passed on a named barrier, so that one warpgroup's softmax runs while the
-other's products are on the tensor cores (FlashAttention-3's ping-pong).
-Where a stream has at most 40 pairs only warpgroup 0 computes, and nothing
-changes.  Its answers are the op's to the bit; ``pingpong_no_copies`` takes the
-loads away as ``no_copies`` does, and ``pingpong_timeline`` stamps its tiles
-as ``timeline`` does.
-
-The :data:`CALL_PARTS` take a short call apart instead of a tile
-(``-DMLA_HOPPER_CALL_PART``): ``launch_only`` launches both kernels, and each
-returns as soon as it may read its inputs; ``scheduler_only`` stops the main
-kernel once the scheduler has cut the work (the combine still runs);
-``no_combine`` does all of the main kernel's work and launches no combine,
-which is right only where no unit is cut; ``no_q`` does all of the op's work
-except copying the units' ``Q`` (its answers are wrong: it is for timing only).
-
-Four builds keep a part of the op as it was first written, so that a chapter
-can time what its change was worth; their answers are right.  ``fill_eighth``
-(``-DMLA_HOPPER_FILL_EIGHTH=1``, built with the op's choice of kernel) runs the
-seesaw only where a stream has 64 pairs or more with an eighth of padding at
-most, where the op runs it with up to a third with pages of 64 keys or a
-multiple (9 rows of 16 heads, 144 pairs, in three units of 48, say).  ``direct_out``
-(``-DMLA_HOPPER_DIRECT_OUT=1``) stores a whole unit's bf16 rows straight from
-the ``wgmma`` fragments, half a sector at a time, where the op stages them in
-shared memory and writes whole lines.  ``wide_combine``
-(``-DMLA_HOPPER_WIDE_COMBINE=1``) launches every block of the merge with 256
-threads, where the op narrows the blocks of a sliced grid of more than two
-units to 128 so that the grid fits in one wave or close to it.
-``block_per_pair_merge`` (``-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1``) merges
-every whole pair with a block of its own, where the op has one warp merge
-each pair when the units are cut into a few pieces each (``num_splits`` at
-most three times the units: many units, as at 8 streams of 64 heads).
-
-``merge_timeline`` (``-DMLA_HOPPER_MERGE_TIMELINE=1``) does all of the op's
-work and reads the GPU's global timer at the start and end of each block of
-the main kernel and at five points of each merge block of the first cut unit
-(:data:`MERGE_EVENTS`); :func:`merge_timeline` runs it once and returns the
-stamps (and ``block0``: :data:`BLOCK0_EVENTS`, block 0's way to its first
-tile's scores).
+:data:`EXPERIMENTS` lists them, with the stage each starts from.  The chapters
+time them beside the stages; the tests read their SASS, compiled on the CPU
+(:func:`main_sass`, :func:`sass_counts`), to hold each to the one piece it
+swaps.  The stages that earlier chapters timed as builds of one file are now
+stages of their own (the book's old build names: ``cp_async`` is ``wgmma``,
+``loader_choice`` is ``tensor_copy``, ``fill_eighth`` is ``seesaw``).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from ..core.extension import CSRC, load_sm90a
 from ..core.problem import Workload
 
-VARIANTS = {"no_copies": 1, "no_math": 2, "neither": 3}
-TIMELINE = "timeline"
-TMA = "tma"
-TMA_NO_MATH = "tma_no_math"  # the TMA loader with no math: its loads alone, beside no_math's
-# The TMA loader as first written (-DMLA_HOPPER_TMA=2: each box's coordinates worked out per chunk), and its loads alone.
-TMA_FIRST = "tma_first"
-TMA_FIRST_NO_MATH = "tma_first_no_math"
-# The TMA loader with the compute warps' proxy fence kept only for the chunks gathered with cp.async.
-TMA_FEWER_FENCES = "tma_fewer_fences"
-# A short call taken apart (-DMLA_HOPPER_CALL_PART): both kernels launched and returning at once; the main
-# kernel stopping after the scheduler's cut; the main kernel whole and no combine launched; the op without its
-# units' Q copies (wrong answers: timing only).
-CALL_PARTS = {"launch_only": 1, "scheduler_only": 2, "no_combine": 3, "no_q": 4}
-# The rows layout (-DMLA_HOPPER_ROWS=1), whole and with each half of the work taken away.
-ROWS = "rows"
-ROWS_BUILDS = {ROWS: ["-DMLA_HOPPER_ROWS=1"],
-               "rows_no_copies": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
-               "rows_no_math": ["-DMLA_HOPPER_ROWS=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"]}
-# The rows layout fed by the TMA loader, whole and its loads alone.
-ROWS_TMA = "rows_tma"
-ROWS_TMA_NO_MATH = "rows_tma_no_math"
-# The rows layout in FlashMLA's seesaw schedule, with no loader (-DMLA_HOPPER_SEESAW=1), and its timeline.
-SEESAW = "seesaw"
-SEESAW_TIMELINE = "seesaw_timeline"
-# The seesaw in its crossed order (-DMLA_HOPPER_SEESAW_CROSS=1): P_A handed over in A's own reference, and its timeline.
-SEESAW_CROSS = "seesaw_cross"
-SEESAW_CROSS_TIMELINE = "seesaw_cross_timeline"
-# Both orders with their tiles' page ids found by steps, not by division (-DMLA_HOPPER_PAGE_STEPS=1), and a timeline.
-SEESAW_STEPS = "seesaw_steps"
-SEESAW_CROSS_STEPS = "seesaw_cross_steps"
-SEESAW_CROSS_STEPS_TIMELINE = "seesaw_cross_steps_timeline"
-# The crossed order with steps and each warpgroup's copies asked for behind products it has issued
-# (-DMLA_HOPPER_COPY_BEHIND=1), not in their way, and its timeline.
-SEESAW_CROSS_BEHIND = "seesaw_cross_behind"
-SEESAW_CROSS_BEHIND_TIMELINE = "seesaw_cross_behind_timeline"
-# The crossed order with steps and, with pages of 64 keys or more, chunks 0..3 and 4..7 of a tile each one tensor copy
-# of a box of four chunks, counted on one barrier (-DMLA_HOPPER_COPY_BOXES=1; the op's seesaw), and its timeline.
-SEESAW_CROSS_BOXES = "seesaw_cross_boxes"
-SEESAW_CROSS_BOXES_TIMELINE = "seesaw_cross_boxes_timeline"
-# The op's seesaw with every slot of the plan a tile, as first written (-DMLA_HOPPER_UNIT_START_TILES=0): a unit's
-# start takes no slots, so a share that starts many short units gets as many tiles as one inside a long unit.
-EVEN_STARTS = "even_starts"
-# The op's seesaw with its softmax as first written (-DMLA_HOPPER_SOFTMAX_FMUL=1): each score scaled by a multiply and
-# hidden by a select in every tile, where the op hides only in a stream's edge tiles and scales inside the exponent.
-SOFTMAX_FMUL = "softmax_fmul"
-SOFTMAX_FMUL_TIMELINE = "softmax_fmul_timeline"
-# The op's seesaw with block c taking share c, as first written (-DMLA_HOPPER_SHARES_APART=1): the groups' shares that
-# read the same keys C/G blocks apart, where the op puts them on neighbouring blocks.
-SHARES_APART = "shares_apart"
-# The crossed seesaw compiled twice (-DMLA_HOPPER_SEESAW_WHOLE=1), as the op is: hopper_seesaw_kernel for tiles of one
-# box of 64 keys, copied four chunks at once, and hopper_seesaw_any_pages_kernel, SEESAW_CROSS_BOXES's kernel, for
-# every other cache.
-SEESAW_WHOLE = "seesaw_whole"
-# The next tile's scores issued behind this tile's products (-DMLA_HOPPER_EARLY_SCORES=1), and its timeline.
-EARLY_SCORES = "early_scores"
-EARLY_SCORES_TIMELINE = "early_scores_timeline"
-# The compute warpgroups taking turns at the tensor cores (-DMLA_HOPPER_PINGPONG=1), its math alone, its timeline.
-PINGPONG = "pingpong"
-PINGPONG_NO_COPIES = "pingpong_no_copies"
-PINGPONG_TIMELINE = "pingpong_timeline"
-# A whole unit's output stored straight from the fragments, as first written (-DMLA_HOPPER_DIRECT_OUT=1).
-DIRECT_OUT = "direct_out"
-# Every block of the merge of 256 threads, as first written (-DMLA_HOPPER_WIDE_COMBINE=1): the op narrows the blocks
-# of a sliced grid of more than two units to 128 threads.
-WIDE_COMBINE = "wide_combine"
-# A block of the merge for each pair wherever pairs are merged whole, as first written
-# (-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1): the op merges a pair with one warp where units are cut into a few pieces.
-BLOCK_PER_PAIR_MERGE = "block_per_pair_merge"
-# The op with the GPU's global timer read at the start and end of each main block and at MERGE_EVENTS points of each
-# merge block of the first cut unit (-DMLA_HOPPER_MERGE_TIMELINE=1): merge_timeline() reads them.
-MERGE_TIMELINE = "merge_timeline"
-MERGE_EVENTS = ("start", "past the wait", "unit read", "weights known", "pieces added")
-MERGE_STAMP_BLOCKS = 320  # kMergeStampBlocks: the merge blocks of one cut unit, four slices of 80 pairs
-# Block 0's way to its first tile's scores (kBlock0Events): thread 0 past the wait and with the scheduler's cut; the
-# loader's first page id; thread 128's Q^T landed, the first tile's first chunk and all nine landed, its scores done.
-BLOCK0_EVENTS = ("past the wait", "cut known", "first page id", "Q landed", "first chunk landed", "tile landed",
-                 "first scores")
-MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
-# The op without its choice of loader (-DMLA_HOPPER_DISPATCH=0): every call gathers its tiles with cp.async, as
-# every other build here does, so that each build is compared with this one rather than with the op, which copies
-# the tiles of long calls by TMA (hopper_tma_kernel) or runs them on the crossed seesaw (hopper_seesaw_kernel).
-CP_ASYNC = "cp_async"
-# The op with its choice of loader and without the seesaw (-DMLA_HOPPER_SEESAW=0): its two main kernels, hopper_kernel
-# and hopper_tma_kernel, instruction for instruction those of CP_ASYNC and TMA_FEWER_FENCES, as the op had them before
-# it also ran the crossed seesaw where that pays.  One of the two builds made with the op's choice (FILL_EIGHTH the
-# other).
-LOADER_CHOICE = "loader_choice"
-# The op with the seesaw's line for a stream's pairs as first written: 64 pairs or more and an eighth of padding at
-# most (the op takes a third of padding with pages of 64 keys or a multiple, and so 48 pairs or more).  Built with
-# the op's choice of kernel, like LOADER_CHOICE: it differs from the op only where a stream's pairs pad their tiles
-# by an eighth to a third and the pages hold whole tiles.
-FILL_EIGHTH = "fill_eighth"
-# The crossed order with its page lookups by steps: the builds below it add one define each.
-_CROSS_STEPS = ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_PAGE_STEPS=1"]
-BUILDS = {CP_ASYNC: [], LOADER_CHOICE: ["-DMLA_HOPPER_SEESAW=0", "-DMLA_HOPPER_DISPATCH=1"],
-          FILL_EIGHTH: ["-DMLA_HOPPER_FILL_EIGHTH=1", "-DMLA_HOPPER_DISPATCH=1"],
-          TIMELINE: ["-DMLA_HOPPER_TIMELINE=1"], TMA: ["-DMLA_HOPPER_TMA=1"], **ROWS_BUILDS,
-          EARLY_SCORES: ["-DMLA_HOPPER_EARLY_SCORES=1"],
-          SEESAW: ["-DMLA_HOPPER_SEESAW=1"],
-          SEESAW_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1"],
-          SEESAW_CROSS_TIMELINE: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_SEESAW_CROSS=1", "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_STEPS: ["-DMLA_HOPPER_SEESAW=1", "-DMLA_HOPPER_PAGE_STEPS=1"],
-          SEESAW_CROSS_STEPS: _CROSS_STEPS,
-          SEESAW_CROSS_STEPS_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS_BEHIND: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BEHIND=1"],
-          SEESAW_CROSS_BEHIND_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BEHIND=1", "-DMLA_HOPPER_TIMELINE=1"],
-          SEESAW_CROSS_BOXES: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1"],
-          SEESAW_CROSS_BOXES_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_TIMELINE=1"],
-          EVEN_STARTS: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_UNIT_START_TILES=0"],
-          SOFTMAX_FMUL: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1"],
-          SOFTMAX_FMUL_TIMELINE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SOFTMAX_FMUL=1",
-                                                 "-DMLA_HOPPER_TIMELINE=1"],
-          SHARES_APART: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SHARES_APART=1"],
-          SEESAW_WHOLE: _CROSS_STEPS + ["-DMLA_HOPPER_COPY_BOXES=1", "-DMLA_HOPPER_SEESAW_WHOLE=1"],
-          DIRECT_OUT: ["-DMLA_HOPPER_DIRECT_OUT=1"],
-          WIDE_COMBINE: ["-DMLA_HOPPER_WIDE_COMBINE=1"],
-          BLOCK_PER_PAIR_MERGE: ["-DMLA_HOPPER_BLOCK_PER_PAIR_MERGE=1"],
-          MERGE_TIMELINE: ["-DMLA_HOPPER_MERGE_TIMELINE=1"],
-          EARLY_SCORES_TIMELINE: ["-DMLA_HOPPER_EARLY_SCORES=1", "-DMLA_HOPPER_TIMELINE=1"],
-          PINGPONG: ["-DMLA_HOPPER_PINGPONG=1"],
-          PINGPONG_NO_COPIES: ["-DMLA_HOPPER_PINGPONG=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_copies']}"],
-          PINGPONG_TIMELINE: ["-DMLA_HOPPER_PINGPONG=1", "-DMLA_HOPPER_TIMELINE=1"],
-          TMA_NO_MATH: ["-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
-          TMA_FIRST: ["-DMLA_HOPPER_TMA=2"],
-          TMA_FIRST_NO_MATH: ["-DMLA_HOPPER_TMA=2", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
-          TMA_FEWER_FENCES: ["-DMLA_HOPPER_TMA=1", "-DMLA_HOPPER_FENCE_GATHERED_ONLY=1"],
-          ROWS_TMA: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1"],
-          ROWS_TMA_NO_MATH: ["-DMLA_HOPPER_ROWS=1", "-DMLA_HOPPER_TMA=1", f"-DMLA_HOPPER_ABLATE={VARIANTS['no_math']}"],
-          **{name: [f"-DMLA_HOPPER_CALL_PART={part}"] for name, part in CALL_PARTS.items()}}
-NO_DISPATCH = "-DMLA_HOPPER_DISPATCH=0"
-# The builds that stamp a tile's timeline (timeline() reads them).
-STAMPING = (TIMELINE, EARLY_SCORES_TIMELINE, PINGPONG_TIMELINE, SEESAW_TIMELINE, SEESAW_CROSS_TIMELINE,
-            SEESAW_CROSS_STEPS_TIMELINE, SEESAW_CROSS_BEHIND_TIMELINE, SEESAW_CROSS_BOXES_TIMELINE,
-            SOFTMAX_FMUL_TIMELINE)
-# What csrc/stage10_hopper.cu stamps (kStampTiles, kStampEvents there).
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    file: str      # csrc/experiments/<file>.cu
+    stage: str     # the stage it swaps a piece of
+    kernel: str    # its main kernel where a stream's pairs fill the seesaw's tiles (else the tile on N's, see tile_n)
+    what: str      # the piece swapped, in a line
+    right: bool = True  # whether its answers are right (else it takes work away, or is for timing only)
+    stamps: str | None = None  # "tiles" (timeline) or "merge" (merge_timeline): what it stamps
+    tile_n: str | None = None  # its tile-on-N kernel where that is not `kernel`
+
+
+def _e(name, file, stage, what, kernel=None, **kw):
+    return name, Experiment(name, file, stage, kernel or f"{name}_kernel", what, **kw)
+
+
+EXPERIMENTS: dict[str, Experiment] = dict([
+    # Stage 10: where a tile's time goes
+    _e("no_copies", "wgmma_ablation", "wgmma", "the loader reads nothing and publishes each chunk as its slot frees",
+       right=False),
+    _e("no_math", "wgmma_ablation", "wgmma", "the compute warpgroups wait for each tile and hand it back", right=False),
+    _e("neither", "wgmma_ablation", "wgmma", "neither copies nor math: the scheduler, barriers, Q, outputs, merge",
+       right=False),
+    _e("timeline", "wgmma_timeline", "wgmma", "clock stamps at six points of each tile of block 0", stamps="tiles"),
+    _e("pingpong", "wgmma_timeline", "wgmma", "the compute warpgroups take turns at the tensor cores"),
+    _e("pingpong_no_copies", "wgmma_timeline", "wgmma", "pingpong's math alone", right=False),
+    _e("pingpong_timeline", "wgmma_timeline", "wgmma", "pingpong with the tile stamps", stamps="tiles"),
+    _e("early_scores", "wgmma_early_scores", "wgmma", "the next tile's scores issued behind this tile's products"),
+    _e("early_scores_timeline", "wgmma_early_scores", "wgmma", "early_scores with the tile stamps", stamps="tiles"),
+    # Stage 11: the tensor-copy loader's other forms (every call on the tensor copy)
+    _e("tma", "tensor_copy_loaders", "tensor_copy", "the TMA loader with the fence before every chunk's products"),
+    _e("tma_fewer_fences", "tensor_copy_loaders", "tensor_copy", "the TMA loader as stage 11 runs it, on every call"),
+    _e("tma_first", "tensor_copy_loaders", "tensor_copy",
+       "the TMA loader as first written: each box's coordinates per chunk and per box"),
+    _e("tma_no_math", "tensor_copy_loaders", "tensor_copy", "the TMA loader alone (no math)", right=False),
+    _e("tma_first_no_math", "tensor_copy_loaders", "tensor_copy", "the first TMA loader alone (no math)",
+       right=False),
+    # Stage 12: the pairs on M with a loader, and the seesaw's pieces one at a time
+    _e("rows", "rows_layout", "seesaw", "the pairs on M, fed by a loader warpgroup (a ring of two tiles)",
+       tile_n="rows_tile_n_kernel"),
+    _e("rows_no_copies", "rows_layout", "seesaw", "the rows layout's math alone", right=False,
+       tile_n="rows_no_copies_tile_n_kernel"),
+    _e("rows_no_math", "rows_layout", "seesaw", "the rows layout's loads alone", right=False,
+       tile_n="rows_no_math_tile_n_kernel"),
+    _e("rows_tma", "rows_layout", "seesaw", "the rows layout fed by the tensor-copy loader",
+       tile_n="rows_tma_tile_n_kernel"),
+    _e("rows_tma_no_math", "rows_layout", "seesaw", "those loads alone", right=False,
+       tile_n="rows_tma_no_math_tile_n_kernel"),
+    _e("seesaw", "seesaw_uncrossed", "seesaw",
+       "the seesaw as first written: uncrossed, pages by division, chunks one by one", tile_n="tile_n_kernel"),
+    _e("seesaw_timeline", "seesaw_uncrossed", "seesaw", "the first seesaw with the tile stamps", stamps="tiles",
+       tile_n="tile_n_kernel"),
+    _e("seesaw_steps", "seesaw_uncrossed", "seesaw", "the first seesaw with page lookups by steps",
+       tile_n="tile_n_kernel"),
+    _e("seesaw_cross", "seesaw_chunk_copies", "seesaw", "crossed; pages by division, chunks one by one",
+       tile_n="tile_n_kernel"),
+    _e("seesaw_cross_timeline", "seesaw_chunk_copies", "seesaw", "seesaw_cross with the tile stamps",
+       stamps="tiles", tile_n="tile_n_kernel"),
+    _e("seesaw_cross_steps", "seesaw_chunk_copies", "seesaw", "crossed, pages by steps, chunks one by one",
+       tile_n="tile_n_kernel"),
+    _e("seesaw_cross_steps_timeline", "seesaw_chunk_copies", "seesaw", "seesaw_cross_steps with the tile stamps",
+       stamps="tiles", tile_n="tile_n_kernel"),
+    _e("seesaw_cross_behind", "seesaw_copies_behind", "seesaw",
+       "seesaw_cross_steps with the copies asked for behind the products", tile_n="tile_n_kernel"),
+    _e("seesaw_cross_behind_timeline", "seesaw_copies_behind", "seesaw", "seesaw_cross_behind with the tile stamps",
+       stamps="tiles", tile_n="tile_n_kernel"),
+    _e("seesaw_cross_boxes", "seesaw_crossed", "seesaw",
+       "four chunks in one copy: stage 12's seesaw for any pages, wherever it fits", tile_n="tile_n_kernel"),
+    _e("seesaw_cross_boxes_timeline", "seesaw_crossed", "seesaw", "seesaw_cross_boxes with the tile stamps",
+       stamps="tiles", tile_n="tile_n_kernel"),
+    _e("seesaw_whole", "seesaw_crossed", "seesaw",
+       "and compiled for whole tiles: stage 12's two seesaw kernels, wherever it fits", tile_n="tile_n_kernel"),
+    _e("even_starts", "seesaw_crossed", "seesaw", "every slot of the plan a tile: a unit's start takes none",
+       tile_n="tile_n_kernel"),
+    _e("softmax_fmul", "seesaw_crossed", "seesaw",
+       "the softmax as first written: every score scaled and tested in every tile", tile_n="tile_n_kernel"),
+    _e("softmax_fmul_timeline", "seesaw_crossed", "seesaw", "softmax_fmul with the tile stamps", stamps="tiles",
+       tile_n="tile_n_kernel"),
+    _e("shares_apart", "seesaw_crossed", "seesaw", "block c takes share c: the same keys' shares apart",
+       tile_n="tile_n_kernel"),
+    # Stage 13 and the short call (stage 10's kernel, which short calls run in every Hopper stage)
+    _e("launch_only", "short_call", "wgmma", "both kernels launched, each returning at once", right=False),
+    _e("scheduler_only", "short_call", "wgmma", "the main kernel stops after the scheduler's cut", right=False),
+    _e("no_combine", "short_call", "wgmma", "the main kernel whole and no merge launched", kernel="main_kernel",
+       right=False),
+    _e("no_q", "short_call", "wgmma", "everything but the copies of the units' Q", right=False),
+    _e("direct_out", "short_call", "wgmma", "a whole unit's rows stored straight from the fragments"),
+    _e("wide_combine", "short_call", "wgmma", "every merge block of 256 threads", kernel="main_kernel"),
+    _e("block_per_pair_merge", "short_call", "wgmma", "a merge block for each whole pair", kernel="main_kernel"),
+    _e("merge_timeline", "merge_timeline", "wgmma", "the global timer read in the main blocks, the merge, block 0",
+       stamps="merge"),
+])
+FILES = tuple(dict.fromkeys(e.file for e in EXPERIMENTS.values()))
+# The experiments that stamp a tile's timeline (timeline() reads them).
+STAMPING = tuple(n for n, e in EXPERIMENTS.items() if e.stamps == "tiles")
+# The book's earlier names for what are now stages.
+STAGE_OF_BUILD = {"cp_async": "wgmma", "loader_choice": "tensor_copy", "fill_eighth": "seesaw", "op": "hopper"}
+
+# What csrc/experiments/tile_stamps.cuh stamps (kStampTiles, kStampEvents there).
 STAMP_TILES = 64
 STAMP_EVENTS = ("tile start", "scores done", "softmax pass done", "P stored", "products issued", "products done")
-# What the seesaw kernel stamps instead, per pair of tiles (A, scored by warpgroup 0; B, by warpgroup 1), in
-# warpgroup 0 and in warpgroup 1.
+# What the seesaw stamps instead, per pair of tiles (A, scored by warpgroup 0; B, by warpgroup 1), in warpgroup 0
+# and in warpgroup 1: its order as first written (the experiment seesaw_timeline) ...
 SEESAW_STAMP_EVENTS = (("pair start", "A's softmax done", "A's products done", "B's reference known", "P_B known",
                         "next A's scores done"),
                        ("pair start", "A's reference known", "B's softmax done", "P_A known", "its products done",
                         "next B's scores done"))
-# And the crossed order's (seesaw_cross).
+# ... and the crossed order's (the stages').
 SEESAW_CROSS_STAMP_EVENTS = (("pair start", "P_A handed over", "A's products done", "P_B known",
                               "next A's scores issued", "next A's scores done"),
                              ("pair start", "P_A known", "B's softmax done", "A's products done",
@@ -307,75 +143,79 @@ SEESAW_CROSS_STAMP_EVENTS = (("pair start", "P_A handed over", "A's products don
 # four products of P V of 64 x 256 x 64 (each 4 of 64 x 256 x 16), at the H200's dense bf16 rate per SM and cycle
 # (4096 FLOP: 989 TFLOP/s over 132 SMs at 1.83 GHz).
 SEESAW_PAIR_TENSOR_CYCLES = (2 * 36 * 2 * 64 * 64 * 16 + 4 * 4 * 2 * 64 * 256 * 16) // 4096
+# merge_timeline's stamps (csrc/experiments/merge_stamps.cuh).
+MERGE_EVENTS = ("start", "past the wait", "unit read", "weights known", "pieces added")
+MERGE_STAMP_BLOCKS = 320  # kMergeStampBlocks: the merge blocks of one cut unit, four slices of 80 pairs
+BLOCK0_EVENTS = ("past the wait", "cut known", "first page id", "Q landed", "first chunk landed", "tile landed",
+                 "first scores")
+MAIN_STAMP_BLOCKS = 256   # kMaxSplitsHere
 
 
-def build_defines(variant: str) -> list[str]:
-    """The compiler flags that select ``variant``'s work (or one of the other :data:`BUILDS`).
+def get(name: str) -> Experiment:
+    try:
+        return EXPERIMENTS[name]
+    except KeyError:
+        raise KeyError(f"no experiment {name!r}; the experiments are {', '.join(EXPERIMENTS)}") from None
 
-    Every build but :data:`LOADER_CHOICE` and :data:`FILL_EIGHTH` is made without the op's choice of kernel
-    (:data:`CP_ASYNC`).
-    """
-    if variant in BUILDS:
-        own = list(BUILDS[variant])
-        return own if any(d.startswith("-DMLA_HOPPER_DISPATCH=") for d in own) else own + [NO_DISPATCH]
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown ablation {variant!r}; the variants are {', '.join(VARIANTS)} "
-                         f"(and the builds {', '.join(BUILDS)})")
-    return [f"-DMLA_HOPPER_ABLATE={VARIANTS[variant]}", NO_DISPATCH]
+
+def source(file: str):
+    return CSRC / "experiments" / f"{file}.cu"
 
 
 @functools.lru_cache(maxsize=None)
-def load(variant: str, verbose: bool = False):
-    """Build (once) and import the module of ``variant``; it has one function, ``run`` (and the timeline's two)."""
-    return load_sm90a(f"mla_lab_hopper_{variant}", [CSRC / "stage10_hopper.cu", CSRC / "stage10_ablation.cpp"],
-                      f"ablate-{variant}-sm90a", build_defines(variant), verbose)
+def load(file: str, verbose: bool = False):
+    """Build (once) and import the module of one experiment file (sm_90a only); its ``run(variant, ...)`` calls a
+    variant, and, where the file stamps, ``timeline_read`` / ``merge_timeline_read`` read the stamps."""
+    if file not in FILES:
+        raise KeyError(f"no experiment file {file!r}; the files are {', '.join(FILES)}")
+    return load_sm90a(f"mla_lab_experiment_{file}", [source(file), CSRC / "experiments" / "binding.cpp"],
+                      f"experiment-{file}-sm90a", verbose=verbose)
 
 
-def main_kernel(variant: str | None) -> str:
-    """The name of the main kernel that ``variant``'s build launches on a stream of many pairs."""
-    defines = build_defines(variant) if variant is not None else []
-    if "-DMLA_HOPPER_SEESAW=1" in defines:
-        return "hopper_seesaw_kernel"
-    return "hopper_rows_kernel" if "-DMLA_HOPPER_ROWS=1" in defines else "hopper_kernel"
+def build(name: str, verbose: bool = False):
+    """Build the file that holds experiment ``name`` (or the file ``name``); returns its module."""
+    return load(get(name).file if name in EXPERIMENTS else name, verbose)
 
 
-def main_sass(variant: str | None) -> str:
-    """The SASS of the main kernel compiled for sm_90a (nvcc and cuobjdump, no GPU), ``None`` for the op's own build."""
-    from .sass import kernel_sass, sass
-    from ..measure.resources import compile_cubin
+def prebuild(jobs: int | None = None) -> int:
+    """Compile every experiment file and the two probes side by side (``jobs`` at a time, one per CPU by
+    default), so that a chapter finds each built; returns how many."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
 
-    if variant is None:
-        return sass("hopper", "9.0")
-    cubin = compile_cubin(CSRC / "stage10_hopper.cu", "9.0", build_defines(variant), f"-{variant}")
-    return kernel_sass(cubin, main_kernel(variant))
+    from . import load_rate, wgmma_rate
+
+    builds = [functools.partial(load, f) for f in FILES] + [load_rate.load, wgmma_rate.load]
+    jobs = max(1, min(len(builds), jobs or os.cpu_count() or 1))
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda b: b(), builds))
+    return len(builds)
 
 
-def sass_counts(variant: str | None) -> dict[str, int]:
-    """Instructions of the main kernel compiled for sm_90a, ``None`` for the op's own build.
+def runner(name: str, w: Workload, *, num_splits: int | None = None):
+    """A no-argument call of experiment ``name`` on ``w``, like :func:`mla_lab.core.ops.runner` for a stage.
 
-    ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of
-    ``Q``; ``SYNCS``: the barrier operations; ``UTMALDG``: the TMA copies;
-    ``WAIT``: the waits for products in flight (``WARPGROUP.DEPBAR``).  A
-    static count (each instruction once, however often it runs).
+    The arguments go through the op's own checks first, and the grid is the stage's (``num_splits`` by default:
+    one block per SM), so the experiment and its stage differ only in the piece swapped.
     """
-    return work_counts(main_sass(variant))
+    from ..core import ops, stages
+    from ..core.validate import check_contents, check_metadata
 
+    e = get(name)
+    st = stages.get(e.stage)
+    check_metadata(*w.args(), device_type="cuda", align_bytes=st.align_bytes, name=f"experiment {name}")
+    check_contents(*w.args()[:4], name=f"experiment {name}")
+    module = load(e.file)
+    ns = int(num_splits if num_splits is not None else ops.default_num_splits(st, w.q, w.kv_cache, w.block_table))
+    out, lse = w.new_outputs(poison=True)
+    q, kv, bt, lens = w.args()[:4]
+    scale = float(w.scale)
 
-def work_counts(sass_text: str) -> dict[str, int]:
-    """:func:`sass_counts`'s counts of any kernel's SASS (``kernel_sass`` of a cubin, for instance)."""
-    from .sass import count_opcodes, instruction_mix
+    def call():
+        module.run(name, q, kv, bt, lens, scale, ns, out, lse)
 
-    mix = instruction_mix(sass_text)
-    counts = {name: count_opcodes(mix, name) for name in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
-    counts["WAIT"] = count_opcodes(mix, "WARPGROUP.DEPBAR")
-    return counts
-
-
-def hgmma_shapes(variant: str | None) -> dict[str, int]:
-    """The main kernel's products by shape (``"64x64x16"``: count), as compiled for sm_90a."""
-    from .sass import hgmma_shapes as shapes
-
-    return shapes(main_sass(variant))
+    call.out, call.lse, call.num_splits = out, lse, ns  # type: ignore[attr-defined]
+    return call
 
 
 def flashmla_runner(w: Workload):
@@ -389,79 +229,73 @@ def flashmla_runner(w: Workload):
     return _peer_runner("flashmla", w)
 
 
-def load_all() -> dict:
-    """Build every variant, three compilations side by side; returns ``{variant: module}``."""
-    from concurrent.futures import ThreadPoolExecutor
+# ---- the compiled code, on the CPU ----------------------------------------------------
 
-    with ThreadPoolExecutor(len(VARIANTS)) as pool:
-        return dict(zip(VARIANTS, pool.map(load, VARIANTS)))
+def cubin(file: str):
+    """An experiment file compiled for sm_90a as the extension compiles (nvcc, no GPU), cached by its sources."""
+    from ..measure.resources import compile_cubin
+
+    return compile_cubin(source(file), "9.0")
 
 
-def prebuild(jobs: int | None = None) -> int:
-    """Compile every build chapter 10 loads (:data:`BUILDS`, :data:`VARIANTS` and the two probes), side by side.
+def main_sass(name: str, kernel: str | None = None) -> str:
+    """The SASS of an experiment's main kernel (or of ``kernel``, another kernel of its file), or of a stage's
+    first main kernel where ``name`` is a stage id (``hopper``: the op's hopper_kernel)."""
+    from ..core import stages
+    from .sass import kernel_sass
+    from ..measure.resources import compile_cubin
 
-    Each build is a compilation of the whole stage.  One after another, as the
-    chapter's cells first ask for them, they kept a run of the chapter on the
-    H200's host (16 cores) compiling for more than nine minutes; 14 at a time
-    they took under two.  Here they run ``jobs`` at a time (by default one per
-    CPU), and the chapter then finds each one built.  Returns how many.
+    if name in EXPERIMENTS:
+        e = EXPERIMENTS[name]
+        return kernel_sass(cubin(e.file), kernel or e.kernel)
+    st = stages.get(STAGE_OF_BUILD.get(name, name))
+    return kernel_sass(compile_cubin(CSRC / st.source, "9.0"), kernel or st.kernel)
+
+
+def sass_counts(name: str, kernel: str | None = None) -> dict[str, int]:
+    """Instructions of a main kernel compiled for sm_90a (:func:`main_sass`).
+
+    ``HGMMA``: the products; ``LDGSTS``: the copies (``cp.async``) of keys and of ``Q``; ``SYNCS``: the barrier
+    operations; ``UTMALDG``: the TMA copies; ``WAIT``: the waits for products in flight
+    (``WARPGROUP.DEPBAR``).  A static count (each instruction once, however often it runs).
     """
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    from . import load_rate, wgmma_rate
-
-    builds = [functools.partial(load, name) for name in (*BUILDS, *VARIANTS)] + [load_rate.load, wgmma_rate.load]
-    jobs = max(1, min(len(builds), jobs or os.cpu_count() or 1))
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(lambda build: build(), builds))
-    return len(builds)
+    return work_counts(main_sass(name, kernel))
 
 
-def runner(variant: str, w: Workload, *, num_splits: int | None = None):
-    """A no-argument call of ``variant`` on ``w``, like :func:`mla_lab.core.ops.runner` for the op.
+def work_counts(sass_text: str) -> dict[str, int]:
+    """:func:`sass_counts`'s counts of any kernel's SASS."""
+    from .sass import count_opcodes, instruction_mix
 
-    The arguments go through the op's own checks first, and the grid is the
-    op's (``num_splits`` by default: one block per SM), so the variant and the op
-    differ only in the work the variant leaves out.
-    """
-    from ..core import ops, stages
-    from ..core.validate import check_contents, check_metadata
-
-    st = stages.get("hopper")
-    check_metadata(*w.args(), device_type="cuda", align_bytes=st.align_bytes, name=f"hopper ({variant})")
-    check_contents(*w.args()[:4], name=f"hopper ({variant})")
-    module = load(variant)
-    ns = int(num_splits if num_splits is not None else ops.default_num_splits(st, w.q, w.kv_cache, w.block_table))
-    out, lse = w.new_outputs(poison=True)
-    q, kv, bt, lens = w.args()[:4]
-    scale = float(w.scale)
-
-    def call():
-        module.run(q, kv, bt, lens, scale, ns, out, lse)
-
-    call.out, call.lse, call.num_splits = out, lse, ns  # type: ignore[attr-defined]
-    return call
+    mix = instruction_mix(sass_text)
+    counts = {op: count_opcodes(mix, op) for op in ("HGMMA", "LDGSTS", "SYNCS", "UTMALDG")}
+    counts["WAIT"] = count_opcodes(mix, "WARPGROUP.DEPBAR")
+    return counts
 
 
-def timeline(w: Workload, *, num_splits: int | None = None, variant: str = TIMELINE):
+def hgmma_shapes(name: str, kernel: str | None = None) -> dict[str, int]:
+    """A main kernel's products by shape (``"64x64x16"``: count), as compiled for sm_90a."""
+    from .sass import hgmma_shapes as shapes
+
+    return shapes(main_sass(name, kernel))
+
+
+# ---- the stamps ---------------------------------------------------------------------------
+
+def timeline(w: Workload, *, num_splits: int | None = None, variant: str = "timeline"):
     """The stamps of one call on ``w``: a float array ``[2, STAMP_TILES, 6]``.
 
-    ``[g, t, e]`` is the SM clock, in cycles from the start of compute
-    warpgroup ``g`` of block 0, at event ``e`` (:data:`STAMP_EVENTS`) of its
-    tile ``t``; zero where the block had no such tile, and in the second
-    warpgroup's half where a stream has at most 40 pairs (that warpgroup then
-    has none, and only hands the chunks back).  Both warpgroups start
-    together, after the block's barrier, so their clocks can be compared.
-    The call is made once to warm up, then again with the stamps cleared.
-    ``variant`` is a build that stamps (:data:`STAMPING`).
+    ``[g, t, e]`` is the SM clock, in cycles from the start of compute warpgroup ``g`` of block 0, at event ``e``
+    (:data:`STAMP_EVENTS`, or the seesaw's) of its tile (or pair of tiles) ``t``; zero where the block had no such
+    tile, and in the second warpgroup's half where a stream has at most 40 pairs on the tile on N.  Both warpgroups
+    start together, after the block's barrier, so their clocks can be compared.  The call is made once to warm
+    up, then again with the stamps cleared.  ``variant`` is an experiment that stamps (:data:`STAMPING`).
     """
     import numpy as np
 
     if variant not in STAMPING:
-        raise ValueError(f"{variant!r} does not stamp a timeline; the builds that do are {', '.join(STAMPING)}")
+        raise ValueError(f"{variant!r} does not stamp a timeline; the experiments that do are {', '.join(STAMPING)}")
     call = runner(variant, w, num_splits=num_splits)
-    module = load(variant)
+    module = load(get(variant).file)
     call()
     module.timeline_clear()
     call()
@@ -471,20 +305,17 @@ def timeline(w: Workload, *, num_splits: int | None = None, variant: str = TIMEL
 def merge_timeline(w: Workload, *, num_splits: int | None = None, flush_bytes: int = 256 << 20) -> dict:
     """When each block of the main kernel and of the merge got where, in one call on ``w``.
 
-    The call is made once to warm up; then the stamps are cleared, ``flush_bytes``
-    of a buffer are written (as the timing does before each call, which evicts
-    L2), and the call is made again, alone.  Returns ``main``, an array
-    ``[blocks, 2]`` (start, end: thread 128's, once its warpgroup has written its
-    last unit), and ``merge``, ``[merge blocks of the first cut unit,
-    MERGE_EVENTS]``, and ``block0``, ``[BLOCK0_EVENTS]``, all in microseconds from
-    the first main block's start, NaN where nothing was stamped (a block with no
-    work ends at once; no unit cut, no merge stamps past the first two).
+    The call is made once to warm up; then the stamps are cleared, ``flush_bytes`` of a buffer are written (as
+    the timing does before each call, which evicts L2), and the call is made again, alone.  Returns ``main``, an
+    array ``[blocks, 2]`` (start, end: thread 128's, once its warpgroup has written its last unit), ``merge``,
+    ``[merge blocks of the first cut unit, MERGE_EVENTS]``, and ``block0``, ``[BLOCK0_EVENTS]``, all in
+    microseconds from the first main block's start, NaN where nothing was stamped.
     """
     import numpy as np
     import torch
 
-    call = runner(MERGE_TIMELINE, w, num_splits=num_splits)
-    module = load(MERGE_TIMELINE)
+    call = runner("merge_timeline", w, num_splits=num_splits)
+    module = load(get("merge_timeline").file)
     call()
     module.merge_timeline_clear()
     scratch = torch.empty(flush_bytes, dtype=torch.uint8, device=w.q.device)
@@ -510,11 +341,10 @@ def _timed_tiles(st, first: int, what: str) -> list[int]:
 def timeline_summary(stamps, first: int = 2) -> dict:
     """Mean cycles of each phase of a tile, and how much of a tile the two warpgroups' softmax overlap.
 
-    Tiles ``first`` onwards count (the first ones include the pipeline's start),
-    up to the last tile whose successor also started (its period is known).
-    ``overlap`` is the mean, over those tiles, of the time both warpgroups
-    spend between "scores done" and "P stored" at once, as a fraction of the
-    tile's period: a time when neither has a product in flight.
+    Tiles ``first`` onwards count (the first ones include the pipeline's start), up to the last tile whose
+    successor also started (its period is known).  ``overlap`` is the mean, over those tiles, of the time both
+    warpgroups spend between "scores done" and "P stored" at once, as a fraction of the tile's period: a time
+    when neither has a product in flight.
     """
     import numpy as np
 
@@ -535,15 +365,11 @@ def timeline_summary(stamps, first: int = 2) -> dict:
 
 def seesaw_timeline_summary(stamps, first: int = 2, events=SEESAW_STAMP_EVENTS) -> dict:
     """The seesaw's pair of tiles from its stamps (``events``: :data:`SEESAW_STAMP_EVENTS`, or
-    :data:`SEESAW_CROSS_STAMP_EVENTS` for the crossed order's): the median period (cycles from
-    one pair's start to the next's, each warpgroup), the median of each warpgroup's five phases (from one stamp to
-    the next), the period over :data:`SEESAW_PAIR_TENSOR_CYCLES`, the tensor cores' own time for a pair, how
-    far apart the two warpgroups' scores of the next pair end (the median, as a fraction of the period), and
-    each warpgroup's median time from its last stamp of a pair to the start of its next (``to_next_pair``).
-
-    Pairs ``first`` onwards count (the first ones include the pipeline's start), up to the last whose successor
-    also started.
-    """
+    :data:`SEESAW_CROSS_STAMP_EVENTS` for the crossed order's): the median period (cycles from one pair's start to
+    the next's, each warpgroup), the median of each warpgroup's five phases, the period over
+    :data:`SEESAW_PAIR_TENSOR_CYCLES` (the tensor cores' own time for a pair), how far apart the two warpgroups'
+    scores of the next pair end (the median, as a fraction of the period), and each warpgroup's median time from
+    its last stamp of a pair to the start of its next (``to_next_pair``).  Pairs ``first`` onwards count."""
     import numpy as np
 
     st = np.asarray(stamps, dtype=float)
@@ -551,22 +377,16 @@ def seesaw_timeline_summary(stamps, first: int = 2, events=SEESAW_STAMP_EVENTS) 
     period = float(np.median([st[g, t + 1, 0] - st[g, t, 0] for g in (0, 1) for t in pairs]))
     phases = [{f"{events[g][e - 1]} -> {events[g][e]}":
                float(np.median([st[g, t, e] - st[g, t, e - 1] for t in pairs])) for e in range(1, 6)} for g in (0, 1)]
-    # how far apart the two warpgroups finish the next pair's scores, as a fraction of a pair
     apart = float(np.median([abs(st[1, t, 5] - st[0, t, 5]) for t in pairs])) / period
-    # from each warpgroup's last stamp of a pair to its next pair's start (the loop's top, outside the phases)
     to_next = [float(np.median([st[g, t + 1, 0] - st[g, t, 5] for t in pairs])) for g in (0, 1)]
     return {"period": period, "phases": phases, "pairs": len(pairs),
             "over_tensor": period / SEESAW_PAIR_TENSOR_CYCLES, "scores_end_apart": apart, "to_next_pair": to_next}
 
 
 def timeline_median(calls, first: int = 2) -> dict:
-    """:func:`timeline_summary` of several calls' stamps, each field the median over the calls.
-
-    One call's block 0 is one SM's history: how its two warpgroups fall into
-    step (or out of it) varies from call to call, so a claim about the
-    timeline is read from the median of a few.  ``overlap_range`` is the
-    smallest and largest ``overlap`` among the calls.
-    """
+    """:func:`timeline_summary` of several calls' stamps, each field the median over the calls (one call's block 0
+    is one SM's history: how its warpgroups fall into step varies from call to call).  ``overlap_range`` is the
+    smallest and largest ``overlap`` among the calls."""
     import numpy as np
 
     summaries = [timeline_summary(st, first) for st in calls]
@@ -576,3 +396,28 @@ def timeline_median(calls, first: int = 2) -> dict:
     out["calls"] = len(summaries)
     out["overlap_range"] = (min(s["overlap"] for s in summaries), max(s["overlap"] for s in summaries))
     return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m mla_lab.book.experiments",
+                                     description="Build or list the experiments (csrc/experiments/).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="every experiment: its file, its stage, what it swaps")
+    b = sub.add_parser("build", help="build the file that holds an experiment (sm_90a; no GPU needed)")
+    b.add_argument("name", choices=sorted(set(EXPERIMENTS) | set(FILES)), metavar="NAME",
+                   help="an experiment or an experiment file")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for e in EXPERIMENTS.values():
+            print(f"{e.name:<30} {e.file:<22} {e.stage:<12} {e.what}")
+        return 0
+    module = build(args.name, verbose=False)
+    print(f"built {args.name}: variants {', '.join(module.variants())}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,19 +120,20 @@ def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = 
                    build: str | None = None, peer: str | None = None) -> None:
     """``calls`` calls of one stage on one problem, then a sync: what a profiler should see, and nothing else.
 
-    ``build`` names one of stage 10's ablation variants or builds (``mla_lab/book/experiments.py``) to call
-    instead of the op; only for ``hopper``.  ``peer`` (``flashmla``) calls that library on the same
-    workload instead, as ``mla-lab bench --peers`` times it, so that a profile can set it beside ours.
+    ``build`` names an experiment (``mla_lab/book/experiments.py``: a Hopper stage with one piece swapped) to
+    call instead of the stage; only for the stage it swaps a piece of.  ``peer`` (``flashmla``) calls that
+    library on the same workload instead, as ``mla-lab bench --peers`` times it, so that a profile can set it
+    beside ours.
     """
-    from . import experiments as ablation
+    from . import experiments
     from ..core import ops
 
     if build is not None and peer is not None:
         raise ValueError("profile-target takes --build or --peer, not both")
     if build is not None:
-        if stage_id != "hopper":
-            raise ValueError(f"--build is for stage 10 (hopper) only, not {stage_id!r}")
-        ablation.build_defines(build)  # an unknown name is refused before any GPU work
+        e = experiments.get(build)  # an unknown name is refused before any GPU work
+        if stage_id != e.stage:
+            raise ValueError(f"--build {build} swaps a piece of stage {e.stage}, not of {stage_id!r}")
     if peer is not None:
         if peer not in PROFILE_PEERS:
             raise ValueError(f"no peer {peer!r}; the peers are {', '.join(PROFILE_PEERS)}")
@@ -141,13 +142,13 @@ def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = 
     _require_gpu("profile-target")
     w = make_workload(problem, device="cuda", seed=1)
     if peer is not None:
-        call = ablation.flashmla_runner(w)
+        call = experiments.flashmla_runner(w)
         if call is None:
             raise RuntimeError("FlashMLA is not importable here (flash_mla)")
     elif build is None:
         call = ops.runner(stage_id, w, num_splits=num_splits)
     else:
-        call = ablation.runner(build, w, num_splits=num_splits)
+        call = experiments.runner(build, w, num_splits=num_splits)
     for _ in range(calls):
         call()
     torch.cuda.synchronize()
