@@ -71,7 +71,7 @@ class Evidence:
 @dataclass(frozen=True)
 class Claim:
     chapter: int  # the chapter that checks it
-    quote: str  # the article's words, verbatim
+    quote: str  # the article's claim: its own words where short, else ours around its figure
     figure: str  # the figure, as the article writes it (part of the quote)
     what: str  # what the figure is, in this workbook's terms
     unit: str
@@ -268,7 +268,7 @@ def _v4_claims() -> list[Claim]:
 
 _CLAIMS_BEFORE_TABLE = (
     # ---- chapter 00: the problem, the floor, the baseline
-    Claim(0, "The computation involves approximately 10 billion floating-point operations (10^10 FMAs).",
+    Claim(0, "one call's work is approximately 10^10 FMAs",
           "10^10 FMAs", f"multiply-adds of one call, {_SHAPE.format(16384)}", "FMAs",
           lambda ev: roofline.fma_count(_problem(ARTICLE_HEADS, 16384)), "counted (the same on any GPU)",
           lambda ev: roofline.fma_count(_problem(ARTICLE_HEADS, 16384)), approximate=True),
