@@ -18,15 +18,16 @@ from pathlib import Path
 from .sass import count_opcodes, cuobjdump, sass, sass_instruction_mix, sass_memory_ops
 from .verdicts import every, verdict
 from .display import occupancy_rows, plot_prefix, print_occupancy, print_table, read_profile, show_diff, show_lines, source_of, stages_upto, where
-from .measure import (ARTICLE_PREFIXES, GPU, article_problems, ceilings, device_here, find,
-                              floor_from_ceilings, kept_measurement, measure, ratio, recorded_records, results_for,
-                              speedups, time_us)
+from .measure import (ARTICLE_PREFIXES, GPU, article_problems, ceilings, device_here, find, floor_from_ceilings,
+                      kept_measurement, kept_rounds_spread, measure, ratio, recorded_records, recorded_where,
+                      results_for, run_to_run_spread, speedups, time_us)
 from ..core.extension import ROOT
 
 CHAPTERS = ROOT / "chapters"
 
 __all__ = ["ARTICLE_PREFIXES", "CHAPTERS", "GPU", "ROOT", "article_problems", "ceilings", "count_opcodes",
            "cuobjdump", "device_here", "every", "execute", "find", "floor_from_ceilings", "kept_measurement",
+           "kept_rounds_spread", "recorded_where", "run_to_run_spread",
            "measure", "occupancy_rows", "plot_prefix", "print_occupancy", "print_table", "ratio", "read_profile",
            "recorded_records", "results_for", "sass", "sass_instruction_mix", "sass_memory_ops", "show_diff",
            "show_lines", "source_of", "speedups", "stages_upto", "time_us", "verdict", "where"]

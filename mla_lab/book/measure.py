@@ -160,7 +160,7 @@ def kept_measurement(chapter: str, name: str, measure_now) -> tuple[object | Non
         value = measure_now()
         gpu = torch.cuda.get_device_name(0)
         kept[name] = dict(gpu=gpu, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                          **provenance.run_record(), value=value)
+                          chapter=chapter, **provenance.run_record(), value=value)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
         return value, f"measured now on {gpu}; kept in results/chapters/{chapter}.json"
@@ -168,7 +168,57 @@ def kept_measurement(chapter: str, name: str, measure_now) -> tuple[object | Non
     if entry is None:
         return None, (f"no GPU here, and results/chapters/{chapter}.json holds no {name!r}: "
                       "executing the chapter on a GPU records it")
-    return entry["value"], f"recorded on {entry['gpu']} by executing this chapter ({entry['date'][:10]}); no GPU here"
+    return entry["value"], recorded_where(entry, chapter)
+
+
+def recorded_where(entry: dict, chapter: str) -> str:
+    """Where a kept measurement comes from: the GPU, the date, the commit and the chapter whose execution made it."""
+    made_by = entry.get("chapter", chapter)
+    by = "this chapter" if made_by == chapter else f"chapter {made_by}"
+    return (f"recorded on {entry['gpu']} on {entry['date'][:10]} at commit {entry.get('commit') or 'unknown'} "
+            f"by executing {by}; no GPU here")
+
+
+def kept_rounds_spread(rounds) -> float:
+    """The run-to-run spread of repeated timings of one call: (largest - smallest) / median."""
+    import statistics
+
+    rounds = [float(r) for r in rounds]
+    return (max(rounds) - min(rounds)) / statistics.median(rounds)
+
+
+SPREAD_SHAPES = (Problem(streams=1, q_len=9, heads=8, prefix=1024, page_size=64),
+                 Problem(streams=8, q_len=9, heads=64, prefix=16384, page_size=64))
+
+
+def run_to_run_spread(chapter: str, stage: str = "hopper", rounds: int = 5) -> tuple[float | None, str]:
+    """How much one execution's timings of the same call differ: the largest (max - min) / median over
+    :data:`SPREAD_SHAPES` of ``rounds`` graph-replay timings of ``stage`` each.  A timing verdict asks only about
+    an effect at least three times this.  On a GPU it is measured now and kept as ``spread`` in the chapter's
+    results; without one, the kept value, else the PDL rounds that chapter 10 kept in the same execution."""
+    import json
+
+    def measure_now():
+        from ..core import ops
+        from ..measure.timing import time_call
+
+        out = []
+        for i, p in enumerate(SPREAD_SHAPES):
+            call = ops.runner(stage, make_workload(p, device="cuda", seed=8000 + i))
+            out.append(dict(label=p.label(), rounds=[time_call(call, graph=True, rep_ms=25.0) for _ in range(rounds)]))
+        return out
+
+    path = CHAPTER_RESULTS / f"{chapter}.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    if GPU or "spread" in kept:
+        value, where = kept_measurement(chapter, "spread", measure_now)
+        return (max(kept_rounds_spread(r["rounds"]) for r in value) if value else None), where
+    pdl_file = CHAPTER_RESULTS / "10_wgmma.json"
+    pdl = json.loads(pdl_file.read_text()).get("pdl") if pdl_file.is_file() else None
+    if pdl is None:
+        return None, "no GPU here and no kept repeats to take the spread from"
+    spread = max(kept_rounds_spread(r[k]) for r in pdl["value"] for k in ("on_rounds", "off_rounds"))
+    return spread, f"from the PDL section's five rounds at two prefixes ({recorded_where(pdl, chapter)})"
 
 
 # ---- reading records ------------------------------------------------------------
