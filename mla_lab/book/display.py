@@ -42,27 +42,37 @@ def stages_upto(stage_id: str) -> list[str]:
 
 # ---- source code ---------------------------------------------------------------
 
-def source_of(stage_id: str) -> str:
-    return (CSRC / stages.get(stage_id).source).read_text()
+def _source_path(what: str) -> str:
+    """csrc/'s file for a stage id, or a path under csrc/ itself ("hopper/tile_n.cuh", "experiments/short_call.cu")."""
+    if (CSRC / what).is_file():
+        return what
+    return stages.get(what).source
+
+
+def source_of(what: str) -> str:
+    """The text of a stage's kernel file, or of a file under csrc/ named by its path there."""
+    return (CSRC / _source_path(what)).read_text()
 
 
 def show_diff(old: str, new: str, context: int = 2) -> None:
-    """The lesson of a stage: the diff of its kernel file against the previous one."""
-    a, b = stages.get(old).source, stages.get(new).source
+    """The lesson of a stage: the diff of its kernel file against the previous one (stage ids or csrc/ paths)."""
+    a, b = _source_path(old), _source_path(new)
     lines = difflib.unified_diff((CSRC / a).read_text().splitlines(), (CSRC / b).read_text().splitlines(),
                                  f"csrc/{a}", f"csrc/{b}", n=context, lineterm="")
     print("\n".join(lines))
 
 
-def show_lines(stage_id: str, start: str, end: str | None = None) -> None:
-    """Print a kernel file from the first line containing ``start`` up to (not including) ``end``."""
-    text = source_of(stage_id).splitlines()
+def show_lines(what: str, start: str, end: str | None = None) -> None:
+    """Print a stage's kernel file (or a file under csrc/, by its path there) from the first line containing
+    ``start`` up to (not including) the next line containing ``end``."""
+    text = source_of(what).splitlines()
+    name = _source_path(what)
     i = next((k for k, line in enumerate(text) if start in line), None)
     if i is None:
-        raise ValueError(f"no line containing {start!r} in {stages.get(stage_id).source}")
+        raise ValueError(f"no line containing {start!r} in {name}")
     j = next((k for k in range(i + 1, len(text)) if end and end in text[k]), None if end else len(text))
     if j is None:
-        raise ValueError(f"no line containing {end!r} after {start!r} in {stages.get(stage_id).source}")
+        raise ValueError(f"no line containing {end!r} after {start!r} in {name}")
     print("\n".join(text[i:j]))
 
 

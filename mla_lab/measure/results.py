@@ -60,7 +60,9 @@ class Recorded:
             where = self.path.resolve().relative_to(ROOT)
         except ValueError:  # a results file outside the repository (bench --out)
             where = self.path
-        return (f"recorded on {self.gpu} by `mla-lab bench` ({', '.join(dates)}), "
+        commits = sorted({str(r.get("commit")) for r in self.runs if r.get("commit")})
+        at = f" at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else ""
+        return (f"recorded on {self.gpu} by `mla-lab bench` ({', '.join(dates)}){at}, "
                 f"{len(self.records)} measurements in {where}")
 
 
