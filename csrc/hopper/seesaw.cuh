@@ -437,6 +437,23 @@ __device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned
   }
 }
 
+// The seesaw's pieces that an experiment may swap (csrc/experiments/): the
+// stages'.  run: the two warpgroups' loop (seesaw, above); Boxes: how a tile's
+// boxes lie; Pages: how a tile finds its pages; Softmax: a tile's softmax;
+// Stamps: no clock stamps.
+template <bool kWholeTiles>
+struct SeesawParts {
+  using Boxes = SeeBoxes<kWholeTiles>;
+  using Pages = PagesBySteps;
+  using Softmax = SoftmaxFfma;
+  using Stamps = NoStamps;
+  template <class Self>
+  __device__ static __forceinline__ void run(const MlaParams& p, const Shape& sh, const Cursor& cur,
+                                             unsigned char* smem, const KvTensor& kv) {
+    seesaw<Self>(p, sh, cur, smem, kv);
+  }
+};
+
 // A block of the seesaw.  It is launched only where the stage's rule puts the
 // call on the seesaw, so its shape is known without asking the rule again.
 // kStartSlots and kSameKeysAdjacent are the scheduler's (plan_share).
@@ -456,7 +473,7 @@ __device__ __forceinline__ void seesaw_block(const MlaParams& p, const KvTensor&
   plan_share<kSeeThreads, kStartSlots, kSameKeysAdjacent>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur,
                                                            C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
-  seesaw<Parts>(p, sh, cur, smem, kv);
+  Parts::template run<Parts>(p, sh, cur, smem, kv);
   launch_dependents();
 }
 #endif  // MLA_SM90A

@@ -215,14 +215,7 @@ struct SeeBoxes {
   __device__ __forceinline__ bool four_at_once() const { return kFourChunks && (kWholeTiles || kv.chunk_boxes != 0); }
 };
 
-// The seesaw's pieces that an experiment may swap (csrc/experiments/): the op's.
-template <bool kWholeTiles>
-struct SeesawParts {
-  using Boxes = SeeBoxes<kWholeTiles>;
-  using Pages = PagesBySteps;
-  using Softmax = SoftmaxFfma;
-  using Stamps = NoStamps;
-};
+
 
 // Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
 template <class Boxes>
