@@ -5,7 +5,7 @@
 // table, define one op per stage and register it with torch.  So adding a
 // stage is: its kernel file (csrc/stageNN_<id>.cu, which defines
 // <id>_launch and <id>_kernels, see mla_params.h), one line here, and its
-// entry in the Python registry (mla_lab/core/stages.py); a test checks that the
+// entry in the Python registry of stages; a test checks that the
 // registry lists the same stages, in this order, with the same fields.
 //
 //   MLA_STAGE(id, splits, align_bytes, min_cc, max_cc, input_hint, gpu_hint)

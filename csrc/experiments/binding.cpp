@@ -1,8 +1,8 @@
-// The Python side of one experiment module: mla_lab/book/experiments.py
+// The Python side of one experiment module: the book's list of experiments
 // compiles this file beside one experiment file (csrc/experiments/*.cu) into a
 // module of its own.  Several experiments' answers are wrong on purpose (work
 // taken away), so none becomes an op; the caller checks its arguments as the op
-// does (mla_lab.core.validate) before the first call, and the checks here only
+// does (the package's validation) before the first call, and the checks here only
 // keep a wrong call from reaching the GPU.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -4,7 +4,7 @@
 //
 // An experiment is one of the Hopper stages with one piece swapped (a loader,
 // a compute loop, the seesaw's order, a scheduler's rule...), built beside the
-// extension into a module of its own by mla_lab/book/experiments.py; none is
+// extension into a module of its own by the book's list of experiments; none is
 // an op.  Plain C++: the binding includes it without CUDA's device headers.
 #pragma once
 
@@ -15,7 +15,7 @@
 namespace mla {
 
 struct Experiment {
-  const char* const* variants;  // the variants' names, as mla_lab/book/experiments.py knows them
+  const char* const* variants;  // the variants' names, as the book's list of experiments knows them
   int n_variants;
   cudaError_t (*launch)(int variant, const MlaParams& p, cudaStream_t stream);
   // Tile stamps (a compute warpgroup of block 0, tile by tile): [2][64][6] floats, SM clock cycles.

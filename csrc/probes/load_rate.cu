@@ -24,7 +24,7 @@
 // about the same time (stage 10 at 64 heads has 8 pair groups per stream, so
 // L2 serves all but the first read), and each group's blocks share its tiles
 // in equal runs.  run() below checks its arguments, builds the tensor maps and
-// launches; load_rate_binding.cpp checks the tensors, and mla_lab/book/load_rate.py
+// launches; load_rate_binding.cpp checks the tensors, and the book's load-rate probe
 // times the kernel and turns the time into bytes per second.
 #include <cstdint>
 

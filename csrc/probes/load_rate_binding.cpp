@@ -1,4 +1,4 @@
-// The Python side of csrc/probes/load_rate.cu (see mla_lab/book/load_rate.py).
+// The Python side of csrc/probes/load_rate.cu: the book's load-rate probe calls run().
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>

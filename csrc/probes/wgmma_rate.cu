@@ -11,7 +11,7 @@
 // Stage 10 issues N = 40 (its pairs per warpgroup); FlashMLA's score tiles
 // are N = 64.  The operands are zeros: only the rate is measured.
 //
-// mla_lab/book/wgmma_rate.py builds this with wgmma_rate_binding.cpp into a module
+// The book's wgmma-rate probe builds this with wgmma_rate_binding.cpp into a module
 // of its own, for sm_90a only.
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// The Python side of csrc/probes/wgmma_rate.cu (see mla_lab/book/wgmma_rate.py).
+// The Python side of csrc/probes/wgmma_rate.cu: the book's wgmma-rate probe calls it.
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
