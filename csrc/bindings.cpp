@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mla_params.h"
+#include "params_from_tensors.h"
 
 namespace mla {
 
@@ -178,38 +179,6 @@ void check_args(const Stage& st, const at::Tensor& q, const at::Tensor& kv, cons
   MLA_CHECK(dev.is_cuda(), op, "runs on CUDA tensors; got tensors on ", dev.str());
 }
 
-MlaParams make_params(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& bt, const at::Tensor& lens,
-                      double scale, at::Tensor& out, at::Tensor& lse, int64_t num_splits) {
-  MlaParams p{};
-  p.batch = (int)q.size(0);
-  p.q_len = (int)q.size(1);
-  p.num_heads = (int)q.size(2);
-  p.num_pages = (int)kv.size(0);
-  p.page_size = (int)kv.size(1);
-  p.max_pages = (int)bt.size(1);
-  p.scale = (float)scale;
-  p.q = reinterpret_cast<const bf16*>(q.data_ptr());
-  p.q_stride_b = q.stride(0);
-  p.q_stride_t = q.stride(1);
-  p.q_stride_h = q.stride(2);
-  p.kv = reinterpret_cast<const bf16*>(kv.data_ptr());
-  p.kv_stride_page = kv.stride(0);
-  p.kv_stride_slot = kv.stride(1);
-  p.block_table = bt.data_ptr<int>();
-  p.bt_stride_b = bt.stride(0);
-  p.kv_lens = lens.data_ptr<int>();
-  p.out = reinterpret_cast<bf16*>(out.data_ptr());
-  p.o_stride_b = out.stride(0);
-  p.o_stride_t = out.stride(1);
-  p.o_stride_h = out.stride(2);
-  p.lse = lse.data_ptr<float>();
-  p.lse_stride_b = lse.stride(0);
-  p.lse_stride_t = lse.stride(1);
-  p.lse_stride_h = lse.stride(2);
-  p.num_splits = (int)num_splits;
-  return p;
-}
-
 // What a launch asks the runtime, asked once per device (and stage) rather
 // than on every call: the answers cannot change while the process runs, and a
 // call that is captured in a CUDA graph or timed should only launch.
@@ -260,7 +229,7 @@ void run_stage(int stage, const at::Tensor& q, const at::Tensor& kv, const at::T
   check_args(st, q, kv, bt, lens, scale, out, lse, num_splits);
   const int device = q.device().index();
   const c10::cuda::CUDAGuard guard(q.device());
-  MlaParams p = make_params(q, kv, bt, lens, scale, out, lse, st.splits ? num_splits : 1);
+  MlaParams p = params_from_tensors(q, kv, bt, lens, scale, out, lse, st.splits ? num_splits : 1);
 
   const DeviceFacts& facts = device_facts(device);
   const std::string refusal = gpu_refusal(st, facts.cc);
@@ -426,7 +395,7 @@ void probe_float4_reads(const at::Tensor& q, const at::Tensor& kv, const at::Ten
                 sink.numel() >= q.size(1) * q.size(2) * q.size(0) * num_splits,
             "probe_float4_reads: sink must be a contiguous int32 tensor on q's device with a word per block");
   const c10::cuda::CUDAGuard guard(q.device());
-  const MlaParams p = make_params(q, kv, bt, lens, 1.0, out, lse, num_splits);
+  const MlaParams p = params_from_tensors(q, kv, bt, lens, 1.0, out, lse, num_splits);
   const cudaError_t err = float4_reads_launch(p, reinterpret_cast<unsigned*>(sink.data_ptr<int>()),
                                               c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "probe_float4_reads: launch failed: ", cudaGetErrorString(err));
