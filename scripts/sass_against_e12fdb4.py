@@ -60,7 +60,7 @@ def experiment_map() -> dict[str, dict[str, tuple[str, str]]]:
         elif e.file == "rows_layout":
             main = "hopper_rows_kernel"
         m[e.kernel] = (e.name, main)
-        if e.tile_n:
+        if e.tile_n and e.stamps is None and e.tile_n not in m:  # the old builds that stamped, stamped it too
             m[e.tile_n] = (e.name, "hopper_kernel")
     out["seesaw_crossed"]["seesaw_whole_kernel"] = ("seesaw_whole", "hopper_seesaw_kernel")
     out["seesaw_crossed"]["seesaw_cross_boxes_kernel"] = ("seesaw_whole", "hopper_seesaw_any_pages_kernel")
@@ -129,6 +129,7 @@ def compare(a: str, b: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="these files only (stage or experiment file names, no .cu)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -136,24 +137,27 @@ def main() -> int:
         subprocess.run(f"git -C {ROOT} archive {REV} csrc mla_lab/ablation.py | tar -x -C {tmp} && mv {tmp}/csrc {old}",
                        shell=True, check=True)
         src = (tmp / "mla_lab" / "ablation.py").read_text()
-        defines = {"op": []}
         ns: dict = {}  # the old module's tables of builds, without its imports
         exec(compile(src.split("def build_defines")[0].replace("from .extension import CSRC, load_sm90a", "")
                      .replace("from .problem import Workload", ""), "ablation", "exec"), ns)
+        pairs = {f: k for f, k in {**STAGES, **experiment_map()}.items() if not args.only or f in args.only}
+        wanted = {b for k in pairs.values() for b, _ in k.values()}
+        defines = {"op": []} if "op" in wanted else {}
         for name, own in {**ns["BUILDS"], **{v: [f"-DMLA_HOPPER_ABLATE={n}"] for v, n in ns["VARIANTS"].items()}}.items():
             own = list(own)
+            if name not in wanted:
+                continue
             defines[name] = own if any(d.startswith("-DMLA_HOPPER_DISPATCH=") for d in own) else own + [ns["NO_DISPATCH"]]
         work = tmp / "work"
         work.mkdir()
         with ThreadPoolExecutor(args.jobs) as pool:
             old_sass = dict(zip(defines, pool.map(
                 lambda n: sass_of(old / "stage10_hopper.cu", old, defines[n], work, f"old-{n}"), defines)))
-            new_files = {**{f: ROOT / "csrc" / f"{f}.cu" for f in STAGES},
-                         **{f: ROOT / "csrc" / "experiments" / f"{f}.cu" for f in experiment_map()}}
+            new_files = {f: ROOT / "csrc" / ("" if f in STAGES else "experiments") / f"{f}.cu" for f in pairs}
             new_sass = dict(zip(new_files, pool.map(
                 lambda f: sass_of(new_files[f], ROOT / "csrc", [], work, f"new-{f}"), new_files)))
     identical = total = 0
-    for file, kernels in {**STAGES, **experiment_map()}.items():
+    for file, kernels in pairs.items():
         for kernel, (build, old_kernel) in kernels.items():
             verdict = compare(old_sass[build][old_kernel], new_sass[file][kernel])
             total += 1
