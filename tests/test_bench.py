@@ -298,3 +298,8 @@ def test_triton_split_limit_is_the_baseline_s():
     from mla_lab.core.triton_baseline import MAX_SPLITS
 
     assert bench.TRITON_MAX_SPLITS == MAX_SPLITS
+
+
+def test_every_option_is_one_a_cpu_listing_applies_or_names():
+    dests = {a.dest for a in bench.parser()._actions if a.dest != "help"}
+    assert dests == set(bench.SELECTING) | set(bench.MEASURING) | {"all"}

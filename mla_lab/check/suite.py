@@ -787,6 +787,8 @@ def run(args: argparse.Namespace, argv=None) -> int:
              "the graph soak" if "soak" in need else "", "two CUDA streams at once" if "concurrency" in need else "",
              "the fuzz, bad inputs and extreme values on the CUDA kernels themselves",
              "the CUDA stages' NaN answers to bad lengths and page ids"]).replace(", ,", ",").strip(", "))
+        if args.jobs is not None:
+            _say("Ignored here: --jobs (the CPU parts run in this process).")
         rec = run_cpu(plan, [p for p in parts if p not in GPU_ONLY], args.stages, args.seed)
     rec.update(mode=plan.mode, device=device, parts=parts, plan=asdict(plan),
                command="mla-lab check" + (" --quick" if args.quick else ""),
