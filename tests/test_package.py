@@ -36,7 +36,7 @@ def _run(code):
 
 
 def test_importing_the_package_builds_nothing():
-    done = _run("import sys, mla_lab, mla_lab.core.ops, mla_lab.core.stages\n"
+    done = _run("import sys, mla_lab, mla_lab.core.ops, mla_lab.core.stages, mla_lab.flash_mla\n"
                 "print(sorted(m for m in sys.modules if m.startswith(('mla_lab_C', 'triton'))))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
