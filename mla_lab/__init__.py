@@ -1,4 +1,14 @@
-"""mla_lab: a workbook of CUDA kernels for MLA verify attention (speculative decoding)."""
+"""mla_lab: a workbook of CUDA kernels for MLA verify attention (speculative decoding).
+
+The API (docs/api.md): ``attention(stage, q, kv_cache, block_table, kv_lens, scale)`` runs any stage of
+``STAGES``; ``reference_attention`` is the fp32 answer; ``load_ops()`` exposes ``torch.ops.mla_lab.<stage>``;
+``verify_attention`` checks a stage against the reference; ``VerifyStep``/``VerifySteps`` replay a call from
+a CUDA graph; ``mla_lab.flash_mla`` is FlashMLA's interface on these kernels.  Layouts: ``q`` [streams,
+q_len, heads, 576] bf16, ``kv_cache`` [pages, page_size, 576] bf16, ``block_table`` [streams, max_pages]
+int32, ``kv_lens`` [streams] int32; ``out`` [streams, q_len, heads, 512] bf16, ``lse`` [streams, q_len,
+heads] fp32.  Without a GPU, ``reference_attention`` and ``attention("triton", ...)`` (Triton's interpreter)
+run on CPU tensors; the rest raises an ``InputError`` that says so.
+"""
 
 from .core.problem import DEFAULT_SCALE, D_QK, D_V, Problem, Workload, make_workload
 from .core.reference import reference_attention

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .core import argtypes as T
+
 Raw = argparse.RawDescriptionHelpFormatter
 
 
@@ -27,6 +29,9 @@ class Command:
     examples: str | Callable[[], str]
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, list], int]  # (parsed options, the arguments after the command name)
+    # what the options cannot say one at a time (a combination, a name only a later layer knows): why the
+    # parsed options are refused, or None; main() prints it as argparse prints a bad value
+    validate: Callable[[argparse.Namespace], str | None] | None = None
 
 
 def _has_gpu() -> bool:
@@ -120,8 +125,23 @@ def _verify(args, argv) -> int:
 # ---- resources -------------------------------------------------------------------------------
 
 def _resources_args(ap):
-    ap.add_argument("--arch", nargs="+", default=["9.0", "12.0"], metavar="CC",
+    ap.add_argument("--arch", nargs="+", default=["9.0", "12.0"], metavar="CC", type=T.arch,
                     help="compute capabilities to compile for, as 9.0 (default: 9.0 12.0)")
+
+
+def _resources_validate(args) -> str | None:
+    from .core.extension import ToolkitNotFound
+    from .measure.resources import nvcc_archs
+
+    try:
+        known = nvcc_archs()
+    except ToolkitNotFound as e:
+        return str(e)
+    unknown = [a for a in args.arch if a not in known]
+    if unknown:
+        return (f"argument --arch: this toolkit's nvcc does not compile for {', '.join(unknown)}; it takes "
+                f"{' '.join(sorted(known, key=lambda a: tuple(map(int, a.split('.')))))}")
+    return None
 
 
 def _resources(args, argv) -> int:
@@ -132,6 +152,23 @@ def _resources(args, argv) -> int:
         for r in ptxas_report(arch):
             print(f"{arch:>5} {r.kernel:<24} {r.registers:>5} {r.static_smem_bytes:>6} {r.stack_bytes:>6} "
                   f"{r.spill_store_bytes + r.spill_load_bytes:>7}")
+    return 0
+
+
+# ---- experiments ---------------------------------------------------------------------------
+
+def _experiments_args(ap):
+    ap.add_argument("--stage", default=None, choices=("wgmma", "tensor_copy", "seesaw", "hopper"), metavar="STAGE",
+                    help="only the experiments on this Hopper stage")
+
+
+def _experiments(args, argv) -> int:
+    from .book import experiments
+
+    print(f"{'experiment':<30} {'stage':<12} {'file':<42} what it swaps")
+    for e in experiments.EXPERIMENTS.values():
+        if args.stage in (None, e.stage):
+            print(f"{e.name:<30} {e.stage:<12} {'csrc/experiments/' + e.file + '.cu':<42} {e.what}")
     return 0
 
 
@@ -149,10 +186,12 @@ def _chapters_args(ap):
             "refuses unless --force.", 100),
         epilog="examples:\n  mla-lab chapters execute\n  mla-lab chapters execute chapters/03_kv_split.ipynb\n"
                "  mla-lab chapters execute --force chapters/00_problem_and_baseline.ipynb   # CPU: does it run?")
-    ex.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="chapters/NN_name.ipynb (default: every chapter)")
+    ex.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", type=T.existing_file,
+                    help="chapters/NN_name.ipynb (default: every chapter)")
     ex.add_argument("--force", action="store_true",
                     help="execute even without a GPU (to see that the chapters run; the outputs are not for keeping)")
-    ex.add_argument("--timeout", type=int, default=1200, metavar="S", help="seconds a cell may take (default 1200)")
+    ex.add_argument("--timeout", type=T.positive_int, default=1200, metavar="S",
+                    help="seconds a cell may take (default 1200)")
     ap.set_defaults(chapters_parser=ap)
 
 
@@ -198,13 +237,14 @@ def _chapters_execute(args) -> int:
 # ---- exploration on a GPU ------------------------------------------------------------------
 
 def _shape_args(ap, *, heads=(8,), prefix=(1024, 16384, 65536)):
-    ap.add_argument("--streams", nargs="+", type=int, default=[1], metavar="B", help="streams (default 1)")
-    ap.add_argument("--q-len", nargs="+", type=int, default=[9], metavar="T", help="query rows per stream (default 9)")
-    ap.add_argument("--heads", nargs="+", type=int, default=list(heads), metavar="H",
+    ap.add_argument("--streams", nargs="+", type=T.positive_int, default=[1], metavar="B", help="streams (default 1)")
+    ap.add_argument("--q-len", nargs="+", type=T.positive_int, default=[9], metavar="T",
+                    help="query rows per stream (default 9)")
+    ap.add_argument("--heads", nargs="+", type=T.positive_int, default=list(heads), metavar="H",
                     help=f"query heads (default {' '.join(map(str, heads))})")
-    ap.add_argument("--prefix", nargs="+", type=int, default=list(prefix), metavar="TOKENS",
+    ap.add_argument("--prefix", nargs="+", type=T.nonnegative_int, default=list(prefix), metavar="TOKENS",
                     help=f"cached tokens before the draft (default {' '.join(map(str, prefix))})")
-    ap.add_argument("--page-size", type=int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
+    ap.add_argument("--page-size", type=T.positive_int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
 
 
@@ -220,10 +260,11 @@ def _sweep_args(ap):
 
     ap.add_argument("--stages", nargs="+", default=["tensor_core"], choices=_stage_ids(), metavar="STAGE",
                     help="split stages (or triton) to sweep (default tensor_core)")
-    ap.add_argument("--splits", nargs="+", type=int, default=list(DEFAULT_SPLITS), metavar="N",
+    ap.add_argument("--splits", nargs="+", type=T.positive_int, default=list(DEFAULT_SPLITS), metavar="N",
                     help=f"split counts to time, besides the stage's own (default {' '.join(map(str, DEFAULT_SPLITS))})")
     _shape_args(ap)
-    ap.add_argument("--rep-ms", type=float, default=40.0, metavar="MS", help="repetition time per timing (default 40)")
+    ap.add_argument("--rep-ms", type=T.positive_float, default=40.0, metavar="MS",
+                    help="repetition time per timing (default 40)")
 
 
 def _sweep(args, argv) -> int:
@@ -237,7 +278,7 @@ def _kernel_times_args(ap):
     ap.add_argument("--stages", nargs="+", default=["tensor_core"], choices=_stage_ids(), metavar="STAGE",
                     help="stages to profile (default tensor_core)")
     _shape_args(ap, heads=(8, 64), prefix=(16384,))
-    ap.add_argument("--calls", type=int, default=20, metavar="N", help="calls to average over (default 20)")
+    ap.add_argument("--calls", type=T.positive_int, default=20, metavar="N", help="calls to average over (default 20)")
 
 
 def _kernel_times(args, argv) -> int:
@@ -251,18 +292,47 @@ def _profile_target_args(ap):
     from .book.explore import PROFILE_PEERS
 
     ap.add_argument("stage", choices=_stage_ids(), metavar="STAGE", help="the stage to run")
-    for name, what in (("streams", "streams"), ("q_len", "query rows per stream"), ("heads", "query heads"),
-                       ("prefix", "cached tokens before the draft")):
-        ap.add_argument(name, type=int, metavar=name.upper(), help=what)
-    ap.add_argument("--splits", type=int, default=None, metavar="N", help="split count (default: the stage's rule)")
-    ap.add_argument("--page-size", type=int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
+    for name, what, kind in (("streams", "streams", T.positive_int), ("q_len", "query rows per stream", T.positive_int),
+                             ("heads", "query heads", T.positive_int),
+                             ("prefix", "cached tokens before the draft", T.nonnegative_int)):
+        ap.add_argument(name, type=kind, metavar=name.upper(), help=what)
+    ap.add_argument("--splits", type=T.positive_int, default=None, metavar="N",
+                    help="split count (default: the stage's rule; split stages and triton only)")
+    ap.add_argument("--page-size", type=T.positive_int, default=1, metavar="TOKENS", help="tokens per page (default 1)")
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
-    ap.add_argument("--calls", type=int, default=3, metavar="N", help="calls to make (default 3)")
+    ap.add_argument("--calls", type=T.positive_int, default=3, metavar="N", help="calls to make (default 3)")
     ap.add_argument("--build", default=None, metavar="NAME",
-                    help="hopper only: one of stage 10's ablation variants or builds (mla_lab/book/experiments.py), "
-                         "e.g. no_math or tma_no_math, instead of the op")
+                    help="a Hopper stage only: one of its experiments (the stage with one piece swapped, "
+                         "`mla-lab experiments` lists them), e.g. no_math with wgmma, instead of the stage")
     ap.add_argument("--peer", default=None, choices=PROFILE_PEERS,
                     help="call that library on the same workload instead (FlashMLA: pages of 64), to profile beside")
+
+
+def _profile_target_validate(args) -> str | None:
+    from .core import stages
+
+    st = stages.get(args.stage)
+    if args.splits is not None:
+        if not st.takes_num_splits:
+            return f"argument --splits: stage {st.id} takes no split count (it does not split the keys)"
+        from .measure.bench import TRITON_MAX_SPLITS
+
+        most = TRITON_MAX_SPLITS if st.kind == "triton" else stages.MAX_SPLITS
+        if args.splits > most:
+            return f"argument --splits: stage {st.id} takes 1 .. {most}, got {args.splits}"
+    if args.build is not None and args.peer is not None:
+        return "argument --build: takes --build or --peer, not both"
+    if args.build is not None:
+        from .book import experiments
+
+        e = experiments.EXPERIMENTS.get(args.build)
+        if e is None:
+            return f"argument --build: no experiment named {args.build!r}; `mla-lab experiments` lists them"
+        if e.stage != st.id:
+            return f"argument --build: {args.build} swaps a piece of stage {e.stage}, not of {st.id}"
+    if args.peer == "flashmla" and args.page_size != 64:
+        return f"argument --peer: FlashMLA needs pages of 64 tokens (--page-size 64), not {args.page_size}"
+    return None
 
 
 def _profile_target(args, argv) -> int:
@@ -316,12 +386,18 @@ COMMANDS: tuple[Command, ...] = (
     Command("resources", "registers, shared memory and spills of every kernel, from the compiler (no GPU)",
             "Compile each kernel file for the given architectures with ptxas -v and print its resource report: "
             "registers, static shared memory, stack and spills per kernel. Needs nvcc, not a GPU.",
-            "examples:\n  mla-lab resources\n  mla-lab resources --arch 12.0",
-            _resources_args, _resources),
+            "examples:\n  mla-lab resources\n  mla-lab resources --arch 8.6 12.0",
+            _resources_args, _resources, _resources_validate),
     Command("chapters", "execute the chapters and store their outputs (on a GPU)",
             "Work with the chapters of the workbook (chapters/*.ipynb).",
             "examples:\n  mla-lab chapters execute\n  mla-lab chapters execute chapters/09_tensor_cores.ipynb",
             _chapters_args, _chapters),
+    Command("experiments", "the Hopper stages' experiments: a stage with one piece swapped (no GPU)",
+            "List the experiments of Part III: each is a Hopper stage with one piece swapped (a loader, a "
+            "compute loop, the seesaw's order, the merge...), compiled beside the extension into a module of its "
+            "own and never an op. `mla-lab profile-target STAGE ... --build NAME` runs one.",
+            "examples:\n  mla-lab experiments\n  mla-lab experiments --stage seesaw",
+            _experiments_args, _experiments),
     Command("sweep", "time split stages at several split counts (GPU)",
             "Time each given stage at each split count on each shape (CUDA-graph replay, L2 flushed), after "
             "checking its answer, with the count the stage's own rule picks marked '*' and the fastest named. "
@@ -340,9 +416,9 @@ COMMANDS: tuple[Command, ...] = (
             "examples:\n  mla-lab profile-target tensor_core 1 9 64 16384\n"
             "  ncu -k regex:tensor_core --launch-skip 2 --launch-count 1 --section SpeedOfLight \\\n"
             "      mla-lab profile-target tensor_core 1 9 64 16384\n"
-            "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --build tma_no_math\n"
+            "  mla-lab profile-target tensor_copy 8 9 64 16384 --page-size 64 --build tma_no_math\n"
             "  mla-lab profile-target hopper 8 9 64 16384 --page-size 64 --peer flashmla",
-            _profile_target_args, _profile_target),
+            _profile_target_args, _profile_target, _profile_target_validate),
     Command("check", "how far to trust the kernels: sanitizers, fuzzing, graph soak, two streams, bad inputs",
             lambda: _check_module().DESCRIPTION, lambda: _check_module().EXAMPLES,
             lambda ap: _check_module().add_arguments(ap), lambda args, argv: _check_module().run(args)),
@@ -373,7 +449,19 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _deepest(ap: argparse.ArgumentParser, argv) -> argparse.ArgumentParser:
+    """The parser the leading words of ``argv`` name: a command's, or an action's within it (chapters execute)."""
+    for word in argv:
+        sub = next((a for a in ap._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        ap = sub.choices[word]
+    return ap
+
+
 def main(argv=None) -> int:
+    from .core.extension import ArchError, ToolkitNotFound
+
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = parser()
     names = [c.name for c in COMMANDS]
@@ -382,12 +470,26 @@ def main(argv=None) -> int:
         print(f"mla-lab: unknown command '{argv[0]}'; the commands are {', '.join(names)} "
               "(mla-lab --help says what each does)", file=sys.stderr)
         return 2
-    args = ap.parse_args(argv)  # --help prints and exits 0
+    # A bad value exits here (2), with the usage of the command it was given to; so does an unknown option,
+    # which argparse would otherwise report under the top-level usage.
+    args, unknown = ap.parse_known_args(argv)  # --help prints and exits 0
+    if unknown:
+        _deepest(ap, argv).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         ap.print_help(sys.stderr)
         return 2
     command = next(c for c in COMMANDS if c.name == args.command)
-    return command.run(args, argv[1:])
+    why = command.validate(args) if command.validate else None
+    if why:
+        _deepest(ap, argv).error(why)
+    try:
+        return command.run(args, argv[1:])
+    except ArchError as e:  # MLA_LAB_CUDA_ARCHS, read when the extension is built
+        print(f"mla-lab {command.name}: error: {e}", file=sys.stderr)
+        return 2
+    except ToolkitNotFound as e:
+        print(f"mla-lab {command.name}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

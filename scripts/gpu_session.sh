@@ -26,6 +26,9 @@
 #             and the L2 side: the sectors the SMs asked for, and the L2 request coalescer's two read counters.
 #             FlashMLA on the same workload: PROFILE="hopper 8 9 64 16384 --page-size 64 --peer flashmla"
 #             PROFILE_KERNEL=flash_fwd_splitkv_mla PROFILE_NAME=flashmla
+#   flashmla_compat  tests/test_flash_mla_gpu.py: mla_lab.flash_mla against the reference on every stage this GPU
+#             runs, against FlashMLA on 32 shapes (put FlashMLA on PYTHONPATH as the README's "Peers" says, else
+#             those are skipped and listed), CUDA-graph replays, host overhead; log and JUnit XML in $OUT
 #   check     mla-lab check, full, on the stages in CHECK_STAGES (default "hopper"; "all" for every stage):
 #             sanitizer, fuzz, soak, concurrency, bad inputs, extreme values; recorded in results/check/
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
@@ -64,6 +67,10 @@ for s in "${steps[@]}"; do
     gputest)
       step gputest
       $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest_gpu.log" ;;
+    flashmla_compat)
+      step flashmla_compat
+      $PY -m pytest tests/test_flash_mla_gpu.py -q -p no:cacheprovider -rs -s -o addopts="" \
+          --junitxml "$OUT/flashmla_compat.xml" 2>&1 | tail -n 80 | tee "$OUT/flashmla_compat.log" ;;
     verify)
       step verify
       $MLA verify --quick 2>&1 | tee "$OUT/verify.log" ;;

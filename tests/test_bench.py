@@ -84,7 +84,7 @@ def cols(line):
 
 
 def _rows(table):
-    lines = table.splitlines()
+    lines = table.split("\n\n", 1)[0].splitlines()  # the table, not the legend under it
     assert cols(lines[0])[:9] == ["B", "T", "H", "prefix", "page", "stage", "splits", "eager us", "graph us"]
     assert cols(lines[0])[9:] == ["x naive", "x triton", "TB/s", "TFLOP/s", "floor us", "% floor", "rel_err"]
     assert set(lines[1]) == {"-"}
@@ -215,7 +215,8 @@ def recorded(monkeypatch, tmp_path):
 
 
 def _shown(out):
-    return [(c[5], c[1], c[2], c[3]) for c in (cols(line) for line in out.split(":\n\n", 1)[1].splitlines()[2:])]
+    table = out.split(":\n\n", 1)[1].split("\n\n", 1)[0]
+    return [(c[5], c[1], c[2], c[3]) for c in (cols(line) for line in table.splitlines()[2:])]
 
 
 def test_bench_without_gpu_applies_selecting_options(recorded, capsys):
@@ -262,3 +263,43 @@ def test_given_options():
     assert args.heads == [64, 8] and args.rep_ms == 100.0 and args.probes and args.page_size == 1
     q = bench.resolve(ap.parse_args(["--quick", "--heads", "64"]))
     assert q.heads == [64] and q.prefix == [1024, 16384] and q.rep_ms == 20.0
+
+
+def test_bench_without_gpu_lists_peers_among_what_it_cannot_apply(recorded, capsys):
+    assert bench.main(["--peers", "--rep-ms", "5"]) == 0
+    assert ("Ignored here (they change how a run measures or where it writes, and nothing is measured): "
+            "--rep-ms --peers.") in capsys.readouterr().out
+
+
+def test_bench_without_gpu_shows_the_default_grid_and_says_how_to_see_all(recorded, capsys):
+    assert bench.main([]) == 0
+    out = capsys.readouterr().out
+    assert "the default grid's 5 (one stream, q_len 9, 64 and 8 heads, prefixes 256 to 65536" in out
+    assert ("float4", "16", "8", "1024") not in _shown(out)  # q_len 16: not in the default grid
+    assert len(_shown(out)) == 5
+    assert "`mla-lab bench --all` lists all 6" in out
+    assert bench.main(["--all"]) == 0
+    out = capsys.readouterr().out
+    assert ("float4", "16", "8", "1024") in _shown(out) and len(_shown(out)) == 6
+    assert "--all` lists" not in out
+
+
+def test_bench_prints_a_legend_under_its_table(recorded, capsys):
+    assert bench.main(["--heads", "8"]) == 0
+    out = capsys.readouterr().out
+    table, rest = out.split(":\n\n", 1)[1].split("\n\n", 1)
+    assert rest.startswith(results.legend())
+    for column in ("B streams", "T query rows", "H query heads", "prefix", "s at scattered", "c at contiguous",
+                   "splits", "eager us", "graph us", "x naive", "TB/s", "floor us", "% floor", "rel_err"):
+        assert column in results.legend(), column
+
+
+def test_triton_split_limit_is_the_baseline_s():
+    from mla_lab.core.triton_baseline import MAX_SPLITS
+
+    assert bench.TRITON_MAX_SPLITS == MAX_SPLITS
+
+
+def test_every_option_is_one_a_cpu_listing_applies_or_names():
+    dests = {a.dest for a in bench.parser()._actions if a.dest != "help"}
+    assert dests == set(bench.SELECTING) | set(bench.MEASURING) | {"all"}

@@ -35,6 +35,33 @@ def test_archs_from_env_and_gpu(monkeypatch):
     assert build_dir(("8.9",)) == ROOT / "build" / "ext-sm89"
 
 
+@pytest.mark.parametrize("value", ["sm_90", "9.0a", "90", "9", "9.0;x", " ; "])
+def test_archs_from_env_are_checked(monkeypatch, value):
+    monkeypatch.setenv("MLA_LAB_CUDA_ARCHS", value)
+    with pytest.raises(ext_mod.ArchError, match=r"^MLA_LAB_CUDA_ARCHS=.*; write them separated by ';', e.g. "
+                                                 r'"8.0;8.6;8.9;9.0;12.0"$'):
+        target_archs()
+
+
+def test_the_supported_archs_include_the_default_build():
+    assert set(DEFAULT_ARCHS) <= set(ext_mod.SUPPORTED_ARCHS)
+    assert ext_mod.SUPPORTED_ARCHS == ("8.0", "8.6", "8.9", "9.0", "12.0")
+
+
+@pytest.mark.compile
+def test_every_kernel_file_compiles_for_the_other_supported_archs(tmp_path):
+    """The device code of an MLA_LAB_CUDA_ARCHS="8.0;8.6;8.9;9.0;12.0" build: 9.0 and 12.0 are compiled by the
+    default build (the ext fixture), so this compiles every kernel file for the rest, with the extension's flags
+    (a fat binary each, in a folder of its own; about a minute on two cores)."""
+    from mla_lab.measure.resources import compile_for, kernel_sources
+
+    others = [a for a in ext_mod.SUPPORTED_ARCHS if a not in DEFAULT_ARCHS]
+    assert others == ["8.0", "8.6", "8.9"]
+    made = compile_for(others, tmp_path / "fatbin", jobs=max(2, os.cpu_count() or 2))
+    assert [m.stem for m in made] == [s.stem for s in kernel_sources()]
+    assert all(m.stat().st_size > 0 for m in made)
+
+
 def test_extension_is_built_for_the_target_archs(ext):
     here = build_dir()
     assert Path(ext.__file__).parent == here

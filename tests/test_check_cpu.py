@@ -342,9 +342,10 @@ def test_driver_checks_the_spoiled_streams():
 def test_check_quick_on_the_cpu_says_what_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this is the CPU mode")
-    rc = check.main(["--quick", "--parts", "fuzz", "soak", "--stages", "kv_split", "--no-record"])
+    rc = check.main(["--quick", "--parts", "fuzz", "soak", "--stages", "kv_split", "--no-record", "--jobs", "3"])
     text = capsys.readouterr().out
     assert "Needs a GPU, not run here: " in text and "the graph soak" in text
+    assert "Ignored here: --jobs (the CPU parts run in this process)." in text
     n = len(fuzz.generate(fuzz.CPU_LIMITS, check.QUICK.cpu_fuzz_cases, 0))
     assert re.search(rf"kv_split\s+{n}\s+0\s+0", text)
     assert "ok   fuzz" in text and rc == 0

@@ -91,3 +91,12 @@ def test_back_to_back_timing_refuses_an_empty_measurement():
     for kw in (dict(calls=0), dict(rounds=0)):
         with pytest.raises(ValueError, match="at least one call and one round"):
             back_to_back_us(lambda: None, **kw)
+
+
+def test_without_a_gpu_the_command_names_the_options_it_cannot_apply(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(graphs, "GRAPHS", tmp_path)
+    assert graphs.main(["--quick", "--out", str(tmp_path / "x.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Ignored here (nothing is measured without a GPU): --quick --out.")
+    assert not (tmp_path / "x.json").exists()

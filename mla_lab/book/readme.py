@@ -116,6 +116,43 @@ def peers_table(rec=None) -> str:
 
 
 TRUST_BEGIN, TRUST_END = "<!-- trust:begin -->", "<!-- trust:end -->"
+ARCH_BEGIN, ARCH_END = "<!-- arch-table:begin -->", "<!-- arch-table:end -->"
+# A few GPUs of each architecture the build supports (extension.SUPPORTED_ARCHS), for the table's header.
+ARCH_GPUS = {"8.0": "A100, A30", "8.6": "A10, A40, RTX 30xx", "8.9": "L4, L40, RTX 40xx", "9.0": "H100, H200",
+             "12.0": "RTX PRO 6000, RTX 50xx"}
+
+
+def measured_on() -> dict[str, list[str]]:
+    """For each stage, the GPUs a recorded `mla-lab bench` run measured it on (results/<gpu>.json)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(_results.RESULTS.glob("*.json")):
+        rec = _results.load(path)
+        for r in rec.records:
+            if r.get("unsupported") or r.get("kind") in ("peer", "probe"):
+                continue
+            gpu = rec.run_of(r)["gpu"].replace("NVIDIA ", "")
+            if gpu not in found.setdefault(r["stage"], []):
+                found[r["stage"]].append(gpu)
+    return found
+
+
+def arch_table() -> str:
+    """Which stages run on which architecture (the registry's min_cc and max_cc), which one ``mla_lab.flash_mla``
+    runs there, and where each was measured."""
+    from ..core.extension import SUPPORTED_ARCHS
+    from ..core.flash_mla import fastest_stage
+
+    archs = list(SUPPORTED_ARCHS)
+    head = ["stage"] + [f"sm_{a.replace('.', '')} ({ARCH_GPUS.get(a, '')})" for a in archs] + ["measured on"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    measured = measured_on()
+    for s in stages.STAGES:
+        cells = [("yes" if s.runs_on(*map(int, a.split("."))) else "—") if s.is_cuda else "yes (Triton)"
+                 for a in archs]
+        lines.append(f"| `{s.id}` | " + " | ".join(cells) + f" | {', '.join(measured.get(s.id, [])) or '—'} |")
+    runs = [f"`{fastest_stage(*map(int, a.split('.'))).id}`" for a in archs]
+    lines.append("| `mla_lab.flash_mla` runs | " + " | ".join(runs) + " | |")
+    return "\n".join(lines)
 
 
 def render(text: str) -> str:
@@ -129,6 +166,9 @@ def render(text: str) -> str:
     if PEERS_BEGIN in text:  # stage 10 beside FlashMLA, from the recorded `mla-lab bench --peers` runs
         a, b = text.index(PEERS_BEGIN) + len(PEERS_BEGIN), text.index(PEERS_END)
         text = text[:a] + "\n" + peers_table() + "\n" + text[b:]
+    if ARCH_BEGIN in text:  # which stage runs where: the registry's compute capabilities
+        a, b = text.index(ARCH_BEGIN) + len(ARCH_BEGIN), text.index(ARCH_END)
+        text = text[:a] + "\n" + arch_table() + "\n" + text[b:]
     if GRAPHS_BEGIN in text:  # end to end: from the recorded `mla-lab graphs` (mla_lab/serving/graphs.py)
         from ..serving.graphs import readme_section as graphs_section
 

@@ -746,10 +746,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          f"stage, {FULL.soak_replays:,} replays)")
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), metavar="PART",
                     help=f"run only these parts, of {', '.join(PARTS)} (a record is then written only with --out)")
-    ap.add_argument("--stages", nargs="+", default=None,
+    from ..core import argtypes
+
+    ap.add_argument("--stages", nargs="+", default=None, choices=argtypes.stage_ids(), metavar="STAGE",
                     help="stage ids (default: every stage of the registry; a record is then written only with --out)")
     ap.add_argument("--seed", type=int, default=0, help="hypothesis's seed for the fuzz (default 0)")
-    ap.add_argument("--jobs", type=int, default=None,
+    ap.add_argument("--jobs", type=argtypes.positive_int, default=None,
                     help="processes at once for the fuzz shards and sanitizer runs (default: CPU cores - 2, at most 14)")
     ap.add_argument("--out", type=Path, default=None, help="write the record here instead of results/check/")
     ap.add_argument("--no-record", action="store_true", help="write no record")
@@ -785,6 +787,8 @@ def run(args: argparse.Namespace, argv=None) -> int:
              "the graph soak" if "soak" in need else "", "two CUDA streams at once" if "concurrency" in need else "",
              "the fuzz, bad inputs and extreme values on the CUDA kernels themselves",
              "the CUDA stages' NaN answers to bad lengths and page ids"]).replace(", ,", ",").strip(", "))
+        if args.jobs is not None:
+            _say("Ignored here: --jobs (the CPU parts run in this process).")
         rec = run_cpu(plan, [p for p in parts if p not in GPU_ONLY], args.stages, args.seed)
     rec.update(mode=plan.mode, device=device, parts=parts, plan=asdict(plan),
                command="mla-lab check" + (" --quick" if args.quick else ""),

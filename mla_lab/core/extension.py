@@ -9,7 +9,8 @@ ahead of time and prints where.
 Target architectures: the local GPU's when there is one; with none, sm_90 and
 sm_120 (H100/H200, and the RTX PRO 6000 Blackwell of the seed article).  Set
 ``MLA_LAB_CUDA_ARCHS="9.0;12.0"`` (the format of ``TORCH_CUDA_ARCH_LIST``) to
-choose.
+choose; :data:`SUPPORTED_ARCHS` is every architecture the stages are built and
+compiled for in CI (``MLA_LAB_CUDA_ARCHS="8.0;8.6;8.9;9.0;12.0"``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: csrc/ and build/ sit beside mla_lab/
 CSRC = ROOT / "csrc"
 DEFAULT_ARCHS = ("9.0", "12.0")
+# Ampere (A100: 8.0; RTX 30xx, A10, A40: 8.6), Ada (L4, L40, RTX 40xx: 8.9), Hopper (9.0), Blackwell RTX (12.0).
+# CI compiles them all: the default build 9.0 and 12.0, the compile-only test every kernel file for the others.
+SUPPORTED_ARCHS = ("8.0", "8.6", "8.9", "9.0", "12.0")
 EXTENSION_NAME = "mla_lab_C"
 
 
 class ToolkitNotFound(RuntimeError):
     """No CUDA toolkit (nvcc with its headers) was found."""
+
+
+class ArchError(ValueError):
+    """MLA_LAB_CUDA_ARCHS holds something that is not a list of compute capabilities."""
 
 
 def _has_headers(home: Path) -> bool:
@@ -72,7 +80,14 @@ def target_archs() -> tuple[str, ...]:
     """Compute capabilities to compile for, as "9.0"-style strings."""
     env = os.environ.get("MLA_LAB_CUDA_ARCHS")
     if env:
-        return tuple(a.strip() for a in env.replace(",", ";").split(";") if a.strip())
+        from .argtypes import arch_error
+
+        archs = tuple(a.strip() for a in env.replace(",", ";").split(";") if a.strip())
+        bad = [why for why in map(arch_error, archs) if why]
+        if bad or not archs:
+            raise ArchError(f"MLA_LAB_CUDA_ARCHS={env!r}: {bad[0] if bad else 'no architecture in it'}; "
+                            f"write them separated by ';', e.g. \"{';'.join(SUPPORTED_ARCHS)}\"")
+        return archs
     import torch
 
     if torch.cuda.is_available():

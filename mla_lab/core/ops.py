@@ -137,9 +137,13 @@ def attention(stage: str | Stage, q, kv_cache, block_table, kv_lens, scale: floa
               num_splits: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify attention with one stage of the ladder; returns ``(out, lse)``.
 
-    ``out`` [streams, q_len, heads, 512] bf16 and ``lse`` [streams, q_len, heads]
-    fp32 are allocated unless given.  ``num_splits`` applies to the split
-    stages and the Triton baseline (default: the stage's own rule, 4 for Triton).
+    ``q`` [streams, q_len, heads, 576] bf16, ``kv_cache`` [pages, page_size, 576] bf16,
+    ``block_table`` [streams, max_pages] int32, ``kv_lens`` [streams] int32 (the draft
+    included).  ``out`` [streams, q_len, heads, 512] bf16 and ``lse`` [streams, q_len,
+    heads] fp32 (natural log) are allocated unless given.  ``num_splits`` applies to
+    the split stages and the Triton baseline (default: the stage's own rule, 4 for
+    Triton).  The CUDA stages need CUDA tensors (CPU ones raise :class:`InputError`);
+    ``"triton"`` also runs on CPU tensors, in Triton's interpreter.
     """
     st = stage if isinstance(stage, Stage) else _stages.get(stage)
     if num_splits is not None:

@@ -110,7 +110,9 @@ def check_metadata(q, kv_cache, block_table, kv_lens, scale, out=None, lse=None,
         _fail(f"{name}: all tensors must be on one device, got {sorted(map(str, devices))}")
     dev = devices.pop()
     if device_type is not None and dev.type not in (device_type, "meta"):
-        _fail(f"{name}: needs {device_type} tensors, got tensors on {dev}")
+        hint = ("; without a GPU, stage 'triton' runs in Triton's interpreter and mla_lab.reference_attention gives "
+                "the fp32 answer") if device_type == "cuda" and dev.type == "cpu" else ""
+        _fail(f"{name}: needs {device_type} tensors, got tensors on {dev}{hint}")
 
 
 def check_contents(q, kv_cache, block_table, kv_lens, *, name: str = "mla_lab") -> None:

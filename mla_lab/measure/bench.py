@@ -27,12 +27,14 @@ import torch
 
 from . import results as _results
 from . import probes, provenance, roofline
+from ..core import argtypes as T
 from ..core import stages
 from ..core.problem import Problem, make_workload
 from ..core.reference import reference_attention
 from ..core.verify import DEFAULT_TOL, compare
 
 DEFAULT_PREFIXES = (256, 1024, 4096, 16384, 65536)
+TRITON_MAX_SPLITS = 1024  # the Triton baseline's limit (triton_baseline.MAX_SPLITS; not imported: it imports triton)
 DEFAULT_HEADS = (64, 8)
 QUICK_PREFIXES = (1024, 16384)
 
@@ -133,7 +135,11 @@ QUICK = dict(streams=[1], q_len=[9], heads=[8], prefix=list(QUICK_PREFIXES), rep
 # Options that pick which measurements (they filter recorded results without a GPU), and those that only
 # change how a run measures or where it writes (nothing to apply without a GPU).
 SELECTING = ("stages", "streams", "q_len", "heads", "prefix", "page_size", "contiguous", "quick", "probes", "no_peers")
-MEASURING = ("triton_splits", "rep_ms", "no_graph", "no_ceilings", "out", "no_save")
+MEASURING = ("triton_splits", "rep_ms", "no_graph", "no_ceilings", "peers", "out", "no_save")
+# The grid a recorded listing shows when no selecting option is given: the README's (the full grid's shapes,
+# pages of one token at scattered ids); --all lists every record.
+DEFAULT_LISTING = dict(streams=FULL["streams"], q_len=FULL["q_len"], heads=FULL["heads"], prefix=FULL["prefix"],
+                       page_size=[1], scattered=[True])
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -145,18 +151,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"a small grid that takes about a minute: 8 heads, prefixes "
                          f"{' '.join(map(str, QUICK_PREFIXES))}, {QUICK['rep_ms']:.0f} ms per measurement; "
                          "prints the table and writes nothing unless --out is given")
-    ap.add_argument("--streams", nargs="+", type=int, default=None, metavar="B", help="streams (default 1)")
-    ap.add_argument("--q-len", nargs="+", type=int, default=None, metavar="T",
+    ap.add_argument("--streams", nargs="+", type=T.positive_int, default=None, metavar="B", help="streams (default 1)")
+    ap.add_argument("--q-len", nargs="+", type=T.positive_int, default=None, metavar="T",
                     help="query rows per stream: the draft plus one (default 9)")
-    ap.add_argument("--heads", nargs="+", type=int, default=None, metavar="H",
+    ap.add_argument("--heads", nargs="+", type=T.positive_int, default=None, metavar="H",
                     help=f"query heads (default {' '.join(map(str, DEFAULT_HEADS))})")
-    ap.add_argument("--prefix", nargs="+", type=int, default=None, metavar="TOKENS",
+    ap.add_argument("--prefix", nargs="+", type=T.nonnegative_int, default=None, metavar="TOKENS",
                     help=f"cached tokens before the draft (default {' '.join(map(str, DEFAULT_PREFIXES))})")
-    ap.add_argument("--page-size", type=int, default=None, metavar="TOKENS", help="tokens per page (default 1)")
+    ap.add_argument("--page-size", type=T.positive_int, default=None, metavar="TOKENS",
+                    help="tokens per page (default 1)")
     ap.add_argument("--contiguous", action="store_true", help="page ids 0, 1, 2, ... instead of scattered")
-    ap.add_argument("--triton-splits", type=int, default=stages.TRITON_DEFAULT_SPLITS, metavar="N",
-                    help=f"KV splits of the Triton baseline (default {stages.TRITON_DEFAULT_SPLITS})")
-    ap.add_argument("--rep-ms", type=float, default=None, metavar="MS",
+    ap.add_argument("--triton-splits", type=T.int_in(1, TRITON_MAX_SPLITS), default=stages.TRITON_DEFAULT_SPLITS,
+                    metavar="N", help=f"KV splits of the Triton baseline (default {stages.TRITON_DEFAULT_SPLITS})")
+    ap.add_argument("--rep-ms", type=T.positive_float, default=None, metavar="MS",
                     help="repetition time of each measurement (default 100; 20 with --quick)")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
     ap.add_argument("--no-probes", dest="probes", action="store_false",
@@ -170,6 +177,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default=None, metavar="FILE",
                     help="results file to add this run to (default results/<gpu>.json)")
     ap.add_argument("--no-save", action="store_true", help="print the table, write nothing")
+    ap.add_argument("--all", action="store_true",
+                    help="without a GPU: list every recorded measurement (default: the default grid's, or what "
+                         "the options above select)")
 
 
 EXAMPLES = """\
@@ -242,8 +252,13 @@ def _option(dest: str) -> str:
     return {"probes": "--no-probes"}.get(dest, "--" + dest.replace("_", "-"))
 
 
+def _in_default_listing(r: dict) -> bool:
+    return all(r[k] in values for k, values in DEFAULT_LISTING.items())
+
+
 def show_recorded(args=None, given: set[str] = frozenset()) -> int:
-    """Without a GPU: the most recent recorded results, narrowed to what the options ask for."""
+    """Without a GPU: the most recent recorded results, narrowed to what the options ask for (without any, the
+    default grid's; with --all, every one)."""
     print("No CUDA GPU here: mla-lab bench measures nothing without one.")
     ignored = [_option(d) for d in MEASURING if d in given]
     if ignored:
@@ -254,15 +269,28 @@ def show_recorded(args=None, given: set[str] = frozenset()) -> int:
         print("No recorded results in results/ either.")
         return 0
     selecting = [d for d in SELECTING if d in given]
-    records = [r for r in rec.records if _matches(r, args, given)] if selecting else rec.records
-    narrowed = f", only those {' '.join(_option(d) for d in selecting)} asks for" if selecting else ""
+    listing_all = args is not None and getattr(args, "all", False)
+    if selecting:
+        records = [r for r in rec.records if _matches(r, args, given)]
+        narrowed = f", only those {' '.join(_option(d) for d in selecting)} asks for"
+    elif listing_all:
+        records, narrowed = rec.records, ""
+    else:
+        records = [r for r in rec.records if _in_default_listing(r)]
+        narrowed = (f"; the default grid's {len(records)} (one stream, q_len 9, 64 and 8 heads, prefixes 256 to "
+                    "65536, pages of one token at scattered ids)")
     if not records:
         print(f"Most recent recorded results, {rec.describe()}: none of them is one "
-              f"{' '.join(_option(d) for d in selecting)} asks for.")
+              f"{' '.join(_option(d) for d in selecting) or 'the default grid'} asks for.")
         return 0
     print(f"Most recent recorded results, {rec.describe()}{narrowed}:\n")
     order = args.stages if "stages" in given else [s.id for s in stages.STAGES]
     print(_results.format_table(records, list(order) + ["float4_reads", "flashmla", "flashinfer"]))
+    print()
+    print(_results.legend())
+    if not selecting and not listing_all:
+        print(f"\n`mla-lab bench --all` lists all {len(rec.records)}; the options of `mla-lab bench --help` "
+              "(--stages, --streams, --q-len, --heads, --prefix, --page-size, --contiguous) select others.")
     return 0
 
 
@@ -294,6 +322,8 @@ def main(argv=None) -> int:
               f"{ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, fp32 matmul {ceilings['fp32_matmul_tflops']:.1f} TFLOP/s",
               flush=True)
 
+    if args.all:
+        print("--all lists recorded results without a GPU; here it changes nothing", flush=True)
     wanted = [stages.get(s) for s in args.stages]
     if any(s.is_cuda for s in wanted):
         ops.load_ops()
@@ -363,6 +393,8 @@ def main(argv=None) -> int:
 
     print()
     print(_results.format_table(records, [s.id for s in wanted] + ["float4_reads"] + list(peers)))
+    print()
+    print(_results.legend())
     print(f"\n{n} measurements in {time.time() - started:.0f} s")
     if args.no_save or (args.quick and args.out is None):
         if args.quick and not args.no_save:

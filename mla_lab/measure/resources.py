@@ -155,5 +155,32 @@ def ptxas_report(arch: str = "9.0", *, refresh: bool = False) -> list[KernelReso
     return table
 
 
+def compile_for(archs, out_dir, jobs: int = 2) -> list[Path]:
+    """Compile every kernel file of csrc/ for ``archs`` ("8.0"-style) into one fat binary each under ``out_dir``,
+    with the extension's flags: the device code an ``MLA_LAB_CUDA_ARCHS`` build of those archs compiles, with
+    nothing linked or loaded.  Raises RuntimeError with nvcc's words on the first file that fails."""
+    nvcc = str(find_cuda_home() / "bin" / "nvcc")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gencode = [f"-gencode=arch=compute_{t},code=sm_{t}" for t in (arch_target(a).replace(".", "") for a in archs)]
+
+    def one(src: Path) -> Path:
+        out = out_dir / f"{src.stem}.fatbin"
+        done = subprocess.run([nvcc, "-fatbin", *gencode, *nvcc_flags(), *TORCH_NVCC_DEFINES, "-I", str(CSRC),
+                               "-o", str(out), str(src)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {src.name} for {', '.join(archs)}:\n{done.stderr}")
+        return out
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, kernel_sources()))
+
+
+def nvcc_archs() -> set[str]:
+    """The compute capabilities this toolkit's nvcc compiles for ("8.0"-style), from ``nvcc --list-gpu-code``."""
+    done = subprocess.run([str(find_cuda_home() / "bin" / "nvcc"), "--list-gpu-code"], capture_output=True, text=True)
+    return {f"{m[:-1]}.{m[-1]}" for m in re.findall(r"sm_(\d+)", done.stdout)}
+
+
 def resources_by_kernel(arch: str = "9.0") -> dict[str, KernelResources]:
     return {r.kernel: r for r in ptxas_report(arch)}

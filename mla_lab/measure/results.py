@@ -153,3 +153,19 @@ def format_table(records: list[dict], stage_order: list[str] | None = None) -> s
                          f"{r['tflops']:>7.1f} {r['floor_us']:>8.1f} {100 * r['floor_us'] / g:>6.1f}% "
                          f"{r['rel_err']:>8.1e}")
     return "\n".join(lines)
+
+
+def legend() -> str:
+    """What the columns of :func:`format_table` mean, printed under it."""
+    return "\n".join([
+        "B streams; T query rows per stream (the draft and the token sampled last); H query heads; prefix: cached "
+        "tokens before the draft;",
+        "page: tokens per page, s at scattered page ids, c at contiguous ones; splits: key ranges per stream "
+        "(hopper: blocks in all; blank: no split);",
+        "eager us / graph us: median time per call, launched from Python / replayed from a CUDA graph, L2 "
+        "flushed before each;",
+        "x naive, x triton: speedup over those stages on the same shape (their graph time / this one's); TB/s, "
+        "TFLOP/s: the problem's bytes and FLOPs per graph time;",
+        "floor us: the roofline floor (the least bytes at the copy rate or the FLOPs at the bf16 matrix rate, "
+        "whichever is longer); % floor: floor / graph time;",
+        "rel_err: relative L2 error of out against the fp32 reference."])

@@ -704,6 +704,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, argv=None) -> int:
     if not torch.cuda.is_available():
+        ignored = [o for o in ("--quick", "--sections", "--out", "--no-save")
+                   if any(a == o or a.startswith(o + "=") for a in argv or ())]
+        if ignored:
+            print(f"Ignored here (nothing is measured without a GPU): {' '.join(ignored)}.")
         rec = load()
         if rec is None:
             print("No CUDA GPU here, and nothing recorded by `mla-lab graphs` yet.")

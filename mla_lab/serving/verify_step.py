@@ -34,6 +34,16 @@ from ..core.stages import Stage
 from ..core.validate import InputError
 
 
+def _require_gpu(st: Stage, kv_cache, graph: bool) -> None:
+    """One clear error, before any torch call fails on its own, where the step cannot run on the cache's device."""
+    dev = getattr(kv_cache, "device", None)
+    if dev is not None and dev.type != "cuda" and (graph or st.is_cuda):
+        why = "captures a CUDA graph" if graph and not st.is_cuda else f"runs the CUDA stage {st.id!r}"
+        raise InputError(f"VerifyStep {why} and needs kv_cache on a CUDA GPU, got it on {dev}. Without a GPU, "
+                         "VerifyStep(\"triton\", ..., graph=False) runs the Triton baseline eagerly in Triton's "
+                         "interpreter, and mla_lab.reference_attention gives the fp32 answer")
+
+
 class VerifyStep:
     """Verify attention for one bucket (streams, q_len, heads, table width), as a replayed CUDA graph.
 
@@ -45,12 +55,15 @@ class VerifyStep:
     the bucket unless given); an eager call with the same split count gives the
     same bits, for every stage (a test pads real batches with streams of
     length 0 and compares).  ``graph=False`` runs the same call eagerly (no
-    GPU graph).
+    GPU graph).  Without a GPU only ``VerifyStep("triton", ..., graph=False)``
+    runs (Triton's interpreter, on CPU tensors); anything else raises one
+    :class:`InputError` that says so.
     """
 
     def __init__(self, stage: str | Stage, kv_cache: torch.Tensor, *, streams: int, q_len: int, heads: int,
                  max_pages: int, scale: float = DEFAULT_SCALE, num_splits: int | None = None, graph: bool = True):
         st = stage if isinstance(stage, Stage) else _stages.get(stage)
+        _require_gpu(st, kv_cache, graph)
         if min(streams, q_len, heads, max_pages) < 1:
             raise InputError(f"a bucket needs streams, q_len, heads and max_pages >= 1; got {streams}, {q_len}, "
                              f"{heads}, {max_pages}")
