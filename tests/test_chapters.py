@@ -125,7 +125,8 @@ def test_a_chapter_lists_no_later_stage(path):
                 if on_purpose(line):
                     continue
                 for sid in later:
-                    assert not re.search(rf"\b{sid}\b", line), f"{path.name}: stored output shows the later stage {sid}"
+                    # a folder of that name (csrc/hopper/, the pieces the Hopper stages share) is no stage
+                    assert not re.search(rf"\b{sid}\b(?!/)", line), f"{path.name}: stored output shows the later stage {sid}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
