@@ -224,7 +224,8 @@ def _chapters_execute(args) -> int:
     failed = []
     for path in paths:
         if execute([str(path)], timeout=args.timeout) == 0:
-            provenance.stamp(path, gpu)
+            if path.name[:2].isdigit():  # an appendix measures no stage of its own: nothing to stamp
+                provenance.stamp(path, gpu)
         else:
             failed.append(path.name)
     if gpu is None:
