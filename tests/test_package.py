@@ -25,8 +25,8 @@ def _imports(path):
 
 
 def test_extension_does_not_import_ops():
-    """extension.py builds and loads; ops.py calls it.  The reverse import made a circle."""
-    assert not {".ops", "mla_lab.core.ops"} & _imports(PACKAGE / "extension.py")
+    """core/extension.py builds and loads; core/ops.py calls it.  The reverse import made a circle."""
+    assert not {".ops", "mla_lab.core.ops"} & _imports(PACKAGE / "core" / "extension.py")
 
 
 def _run(code):

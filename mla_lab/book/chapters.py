@@ -70,7 +70,8 @@ def prebuild_for(paths) -> int:
 
 
 def hopper_here() -> bool:
-    """Whether this machine's GPU runs stage 10 (the registry's rule), so that chapter 10 measures live."""
+    """Whether this machine's GPU runs the Hopper stages (10 to 13; the registry's rule), so that their chapters
+    measure live."""
     import torch
 
     from ..core import stages

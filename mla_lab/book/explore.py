@@ -120,8 +120,8 @@ def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = 
                    build: str | None = None, peer: str | None = None) -> None:
     """``calls`` calls of one stage on one problem, then a sync: what a profiler should see, and nothing else.
 
-    ``build`` names one of stage 10's ablation variants or builds (``mla_lab/book/experiments.py``) to call
-    instead of the op; only for ``hopper``.  ``peer`` (``flashmla``) calls that library on the same
+    ``build`` names one of the experiment builds (``mla_lab/book/experiments.py``) to call instead of the op;
+    only for ``hopper``.  ``peer`` (``flashmla``) calls that library on the same
     workload instead, as ``mla-lab bench --peers`` times it, so that a profile can set it beside ours.
     """
     from . import experiments as ablation
@@ -131,7 +131,7 @@ def profile_target(stage_id: str, problem: Problem, *, num_splits: int | None = 
         raise ValueError("profile-target takes --build or --peer, not both")
     if build is not None:
         if stage_id != "hopper":
-            raise ValueError(f"--build is for stage 10 (hopper) only, not {stage_id!r}")
+            raise ValueError(f"--build is for the op (hopper) only, not {stage_id!r}")
         ablation.build_defines(build)  # an unknown name is refused before any GPU work
     if peer is not None:
         if peer not in PROFILE_PEERS:
