@@ -19,8 +19,11 @@
 #   profile   Nsight Compute on one call (PROFILE="stage B T H prefix [profile-target options]", default
 #             "tensor_core 1 9 64 16384"; PROFILE_KERNEL, a regex of the kernel to profile, default the
 #             stage's name; PROFILE_NAME, the report's name in place of the stage's), report in
-#             results/profiles/.  Stage 10's loaders alone, for example:
-#               PROFILE="hopper 8 9 64 16384 --page-size 64 --build tma_no_math" PROFILE_KERNEL=hopper_kernel \
+#             results/profiles/.  Stage 11's tensor-copy kernel, for example:
+#               PROFILE="tensor_copy 8 9 8 65536 --page-size 64" PROFILE_KERNEL=tensor_copy_kernel \
+#               bash scripts/gpu_session.sh profile
+#             The loaders alone (an experiment: `mla-lab experiments` lists them):
+#               PROFILE="tensor_copy 8 9 64 16384 --page-size 64 --build tma_no_math" PROFILE_KERNEL=tma_no_math_kernel \
 #               PROFILE_NAME=loader-tma-no_math bash scripts/gpu_session.sh profile
 #             The report also holds the warps' stall samples by reason (smsp__pcsamp_warps_issue_stalled_*)
 #             and the L2 side: the sectors the SMs asked for, and the L2 request coalescer's two read counters.
@@ -29,7 +32,8 @@
 #   flashmla_compat  tests/test_flash_mla_gpu.py: mla_lab.flash_mla against the reference on every stage this GPU
 #             runs, against FlashMLA on 32 shapes (put FlashMLA on PYTHONPATH as the README's "Peers" says, else
 #             those are skipped and listed), CUDA-graph replays, host overhead; log and JUnit XML in $OUT
-#   check     mla-lab check, full, on the stages in CHECK_STAGES (default "hopper"; "all" for every stage):
+#   check     mla-lab check, full, on the stages in CHECK_STAGES (default the Hopper stages, "wgmma tensor_copy
+#             seesaw hopper"; "all" for every stage):
 #             sanitizer, fuzz, soak, concurrency, bad inputs, extreme values; recorded in results/check/
 #   execute   mla-lab chapters execute (stores the outputs, stamps each chapter's provenance)
 #   nbval     the chapters against their stored outputs
@@ -96,7 +100,7 @@ for s in "${steps[@]}"; do
     check)
       step check
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
-      chosen=${CHECK_STAGES:-hopper}
+      chosen=${CHECK_STAGES:-wgmma tensor_copy seesaw hopper}
       # a run of a few stages is recorded beside the full one (the README reads both)
       stages_arg="--stages $chosen --out results/check/$gpu-${chosen// /-}.json"
       [ "$chosen" = all ] && stages_arg=""

@@ -67,7 +67,7 @@ def test_extension_is_built_for_the_target_archs(ext):
     assert Path(ext.__file__).parent == here
     ninja = (here / "build.ninja").read_text()
     for arch in target_archs():
-        sm = ext_mod.arch_target(arch).replace(".", "")  # 9.0 is built as sm_90a (stage 10's wgmma)
+        sm = ext_mod.arch_target(arch).replace(".", "")  # 9.0 is built as sm_90a (the Hopper stages' wgmma)
         assert f"-gencode=arch=compute_{sm},code=sm_{sm}" in ninja, arch
     if not torch.cuda.is_available():
         assert target_archs() == ("9.0", "12.0")
@@ -156,7 +156,7 @@ def test_report_lists_every_kernel(reports, arch):
         assert r.arch == arch and r.registers > 0
         assert r.registers <= 255
     # Every CUDA stage's main kernel synchronises its block (__syncthreads), except
-    # where it cannot run: stage 10 compiles to a trap on every target but sm_90a.
+    # where it cannot run: the Hopper stages (10 to 13) compile to a trap on every target but sm_90a.
     for st in CUDA:
         if st.runs_on(*map(int, arch.split("."))):
             assert by_kernel[st.kernel].barriers >= 1, (arch, st.id)
@@ -247,18 +247,19 @@ SHAPES = [
     (5, 33, 1, 2, 64, 7),  # shared_rows: 3 row groups (16 + 16 + 1)
     (4, 32, 17, 1025, 1, 2),  # shared_rows: exactly 2 groups; 17 heads = 3 tiles of 8 for flash_ht8
     (7, 2, 128, 13, 16, 1),
-    (8, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 8 units, in blocks of 128 threads
-    (2, 9, 8, 64, 64, 132),  # hopper: a sliced combine of 2 units, in blocks of 256
-    (8, 9, 64, 17, 64, 132),  # hopper: 64 units of a few pieces, merged by warps
-    (8, 9, 8, 1024, 64, 132),  # hopper: 62 tiles a block, copied by TMA (hopper_tma_kernel)
-    (8, 9, 64, 64, 16, 132),  # hopper: pages of 16, 7.8 tiles a block: gathered with cp.async
-    (8, 9, 64, 256, 16, 132),  # hopper: pages of 16, 31 tiles a block: TMA
-    (2, 9, 8, 1, 64, 132),  # hopper: a table of one tile cuts no unit: no merge is launched
-    (3, 4, 16, 4, 16, 132),  # hopper: the same with pages of 16
-    (8, 16, 64, 257, 64, 132),  # hopper: 128 units of 64 pairs, 249 tiles a block: the seesaw, merged by warps
-    (1, 9, 64, 1025, 64, 132),  # hopper: the seesaw, 9 units of 64 pairs, merged by the combine
-    (4, 2, 128, 1000, 32, 132),  # hopper: the seesaw from pages of 32, 61 tiles a block
-    (1, 16, 64, 461, 64, 132),  # hopper: 55.9 tiles a block, one short of the seesaw: TMA
+    (8, 9, 8, 64, 64, 132),  # Hopper stages: a sliced combine of 8 units, in blocks of 128 threads
+    (2, 9, 8, 64, 64, 132),  # Hopper stages: a sliced combine of 2 units, in blocks of 256
+    (8, 9, 64, 17, 64, 132),  # Hopper stages: 64 units of a few pieces, merged by warps
+    (8, 9, 8, 1024, 64, 132),  # 62 tiles a block: copied by TMA from stage 11 on (tensor_copy_kernel, ...)
+    (8, 9, 64, 64, 16, 132),  # pages of 16, 7.8 tiles a block: gathered with cp.async
+    (8, 9, 64, 256, 16, 132),  # pages of 16, 31 tiles a block: TMA from stage 11 on
+    (2, 9, 8, 1, 64, 132),  # Hopper stages: a table of one tile cuts no unit: no merge is launched
+    (3, 4, 16, 4, 16, 132),  # the same with pages of 16
+    (8, 16, 64, 257, 64, 132),  # 128 units of 64 pairs, 249 tiles a block: the seesaw in 12 and 13, merged by warps
+    (1, 9, 64, 1025, 64, 132),  # the seesaw in 12 and 13, 9 units of 64 pairs, merged by the combine
+    (4, 2, 128, 1000, 32, 132),  # the seesaw in 12 and 13 from pages of 32, 61 tiles a block
+    (1, 16, 64, 461, 64, 132),  # 55.9 tiles a block, one short of the seesaw: TMA
+    (8, 9, 16, 1025, 64, 132),  # 144 pairs: the seesaw in 13 (a third of padding), TMA in 12 (not within an eighth)
 ]
 
 
@@ -266,19 +267,21 @@ SHAPES = [
 def test_cpp_launch_geometry_equals_python(ext, shape):
     B, T, H, mp, ps, ns = shape
     for st in CUDA:
-        # Stage 10 has four main kernels and two merge kernels and launches one of each, or no merge where the
-        # table holds one tile at most: the others' geometry is a grid of 0 blocks.  Its two seesaw kernels report
-        # the same geometry wherever the seesaw runs (the host picks one per call from the cache's tensor map,
-        # seesaw_kernel_for): the one the call launches is the one stages.hopper_seesaw_kernel_for names.
+        # A Hopper stage lists its main kernels (one to four) and two merge kernels and launches one main kernel and
+        # one merge, or no merge where the table holds one tile at most: the others' geometry is a grid of 0 blocks.
+        # A stage with the seesaw reports the same geometry for its two seesaw kernels wherever the seesaw runs (the
+        # host picks one per call from the cache's tensor map, seesaw_kernel_for): the one the call launches is the
+        # one stages.hopper_seesaw_kernel_for names.
         every = ext.launch_geometry(st.id, B, T, H, mp, ps, ns)
         merges = 0 if st.persistent and mp * ps <= 64 else 1
-        if st.persistent:
-            see = [c for c in every if c["kernel"].startswith("hopper_seesaw")]
+        if st.persistent and st.hopper.seesaw:
+            d = st.hopper
+            see = [c for c in every if c["kernel"] in (d.seesaw_kernel, d.seesaw_any_pages)]
             assert len(see) == 2 and see[0]["grid"] == see[1]["grid"] and see[0]["block"] == see[1]["block"], st.id
-            every = [c for c in every if not c["kernel"].startswith("hopper_seesaw")
-                     or c["kernel"] == stages.hopper_seesaw_kernel_for(ps)]
-        assert sum(c["grid"][0] == 0 for c in every) == (5 - 1 - merges if st.persistent else 0), st.id
-        # (the main kernel first: hopper_seesaw_any_pages_kernel comes after the merges in stage 10's list)
+            every = [c for c in every if c["kernel"] not in (d.seesaw_kernel, d.seesaw_any_pages)
+                     or c["kernel"] == stages.hopper_seesaw_kernel_for(ps, st)]
+        assert sum(c["grid"][0] == 0 for c in every) == (len(every) - 1 - merges if st.persistent else 0), st.id
+        # (the main kernel first: a seesaw stage's seesaw_any_pages kernel comes after the merges in its list)
         cpp = sorted((c for c in every if c["grid"][0] > 0), key=lambda c: "combine" in c["kernel"] or "merge" in c["kernel"])
         py = st.launches(B, T, H, mp, ps, num_splits=ns)
         assert len(cpp) == len(py) == (1 + merges if st.persistent or st.splits else 1), st.id

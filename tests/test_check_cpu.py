@@ -224,9 +224,9 @@ def test_extreme_values_on_the_models(extreme_results, stage):
 
 @pytest.mark.parametrize("cross", [False, True], ids=["seesaw", "crossed"])
 def test_extreme_values_on_the_seesaws_model(cross):
-    """The extreme cases built for stage 10's seesaw, on its tile loop's CPU model in both orders (the kernel takes
-    them on a GPU; at the CPU's sizes the op's own rule would not pick the seesaw, so the model is asked directly):
-    a lazy reference still gives the planted key's value exactly, and equal keys their value."""
+    """The extreme cases built for the seesaw (stages 12 and 13), on its tile loop's CPU model in both orders (the
+    kernels take them on a GPU; at the CPU's sizes the stages' own rules would not pick the seesaw, so the model is
+    asked directly): a lazy reference still gives the planted key's value exactly, and equal keys their value."""
     from mla_lab.models import model_seesaw
     from mla_lab.core.reference import reference_attention
 
@@ -290,20 +290,25 @@ def test_parse_a_run_that_never_finished():
 @pytest.mark.parametrize("st", CUDA, ids=lambda s: s.id)
 def test_the_sanitizer_and_the_extreme_values_reach_every_kernel(st):
     """Each tool sees only the kernels that run: on an H200 the driver's workloads launch every kernel of every
-    stage (stage 10's seesaw kernels among them, with two blocks), and so do the extreme values."""
+    stage (the tensor copy's and the seesaw's kernels of stages 11 to 13 among them, with two or four blocks), and so
+    do the extreme values."""
     assert set(sanitize.kernels_reached(st, H200_SMS)) == set(st.kernels)
     assert set(extremes.kernels_reached(st, H200_SMS)) == set(st.kernels)
     assert "every kernel of every CUDA stage" in check.reach_sentence()
 
 
-def test_stage_10s_seesaw_is_in_the_soak():
+@pytest.mark.parametrize("stage, second", [("wgmma", "gather"), ("tensor_copy", "tma"), ("seesaw", "seesaw_kernel"),
+                                           ("hopper", "seesaw_kernel")])
+def test_the_hopper_stages_seesaw_and_tensor_copy_are_in_the_soak(stage, second):
+    """The soak's first shape runs a Hopper stage's gather; its second (soaked for every Hopper stage) the seesaw
+    in stages 12 and 13 and the tensor copy in stage 11."""
     from mla_lab.check import stress
 
-    hop = stages.get("hopper")
-    for shape, kernel in ((stress.SOAK, "hopper_kernel"), (stress.SEESAW_SOAK, "hopper_seesaw_kernel")):
+    hop = stages.get(stage)
+    for shape, role in ((stress.SOAK, "gather"), (stress.SEESAW_SOAK, second)):
         launched = stages.kernels_of_call(hop, shape.streams, shape.q_len, shape.heads, shape.table_pages, shape.page,
                                           shape.num_splits, H200_SMS)
-        assert launched[0] == kernel, (shape, launched)
+        assert launched[0] == getattr(hop.hopper, role), (shape, launched)
 
 
 def test_kernels_no_record_has_checked_are_named():

@@ -94,10 +94,11 @@ def test_graph_soak_short(runnable):
     assert r["memory_growth"] == 0, (r["memory_start"], r["memory_end"])
 
 
-def test_graph_soak_of_the_seesaw(runnable):
-    """Stage 10's seesaw in a graph, its lengths and tables rewritten between replays (the soak above runs its
-    other kernel)."""
-    st = stages.get("hopper")
+@pytest.mark.parametrize("stage", [s.id for s in ALL if s.persistent])
+def test_graph_soak_of_the_seesaw(runnable, stage):
+    """The second soak of a Hopper stage in a graph, its lengths and tables rewritten between replays: the seesaw
+    in stages 12 and 13, the tensor copy in stage 11, another cut in stage 10 (the soak above runs the op's gather)."""
+    st = stages.get(stage)
     _here(runnable, st)
     r = stress.soak(st, 2000, 200, shape=stress.SEESAW_SOAK)
     assert r["compared"] == 10 and r["mismatches"] == 0 and r["bitwise_equal"] == 10, r["first_mismatches"]

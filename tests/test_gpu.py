@@ -217,34 +217,43 @@ PADDING_CASES = [
 ]
 
 
+HOPPER_STAGES = [s.id for s in stages.cuda_stages() if s.persistent]  # wgmma, tensor_copy, seesaw, hopper
+
+
+def _skip_unless_it_runs(stage):
+    if not stages.get(stage).runs_on(*torch.cuda.get_device_capability()):
+        pytest.skip(f"{stage} runs on compute capability 9.0 only")
+
+
 @pytest.mark.parametrize("problem, pad, wider", PADDING_CASES, ids=[c[0].label() for c in PADDING_CASES])
-def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
+@pytest.mark.parametrize("stage", HOPPER_STAGES)
+def test_hopper_answers_do_not_depend_on_padding(stage, problem, pad, wider, ext):
     """A batch padded to a captured bucket (streams of length 0, a wider block table) gives its streams'
     answers bit for bit: every merge sums in one order, whichever the host picks, and the scheduler's cut
     counts only the streams with keys.  Except where the padding carries the call across the seesaw's line
-    (stages.hopper_seesaw_pays, which counts the streams and the table's width): the seesaw sums each tile in
-    another order than the op's other kernels, so there both answers are right and their bits may differ."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("stage 10 runs on compute capability 9.0 only")
+    (stages.hopper_seesaw_pays, which counts the streams and the table's width; stages 12 and 13): the seesaw
+    sums each tile in another order than the tile on N, so there both answers are right and their bits may
+    differ."""
+    _skip_unless_it_runs(stage)
     w = make_workload(problem, device="cuda", seed=77, poison=True)
     q, kv, bt, lens = w.args()[:4]
-    ns = ops.default_num_splits("hopper", q, kv, bt)
-    out, lse = ops.attention("hopper", q, kv, bt, lens, num_splits=ns)
+    ns = ops.default_num_splits(stage, q, kv, bt)
+    out, lse = ops.attention(stage, q, kv, bt, lens, num_splits=ns)
     B = q.shape[0]
     q_pad = torch.cat([q, torch.randn(pad, *q.shape[1:], device="cuda").to(q.dtype)])
     bt_pad = torch.full((B + pad, bt.shape[1] + wider), POISON_PAGE_ID, dtype=bt.dtype, device="cuda")
     bt_pad[:B, :bt.shape[1]] = bt
     lens_pad = torch.cat([lens, torch.zeros(pad, dtype=lens.dtype, device="cuda")])
     out_pad = q_pad.new_full((*q_pad.shape[:3], 512), float("nan"))  # NaN: an unwritten element fails
-    out_pad, lse_pad = ops.attention("hopper", q_pad, kv, bt_pad, lens_pad, num_splits=ns, out=out_pad, check=False)
+    out_pad, lse_pad = ops.attention(stage, q_pad, kv, bt_pad, lens_pad, num_splits=ns, out=out_pad, check=False)
     ref_out, ref_lse = reference_attention(*w.args())
-    assert compare(out, lse, ref_out, ref_lse, label="hopper").ok
-    seesaw = [stages.hopper_seesaw_pays(b, problem.q_len, problem.heads, width, problem.page_size, ns)
+    assert compare(out, lse, ref_out, ref_lse, label=stage).ok
+    seesaw = [stages.hopper_seesaw_pays(b, problem.q_len, problem.heads, width, problem.page_size, ns, stage)
               for b, width in ((B, bt.shape[1]), (B + pad, bt.shape[1] + wider))]
     if seesaw[0] == seesaw[1]:
         assert torch.equal(out_pad[:B], out) and torch.equal(lse_pad[:B], lse), "padding changed the answers"
     else:
-        assert compare(out_pad[:B], lse_pad[:B], ref_out, ref_lse, label="hopper, padded").ok
+        assert compare(out_pad[:B], lse_pad[:B], ref_out, ref_lse, label=f"{stage}, padded").ok
 
 
 @pytest.mark.parametrize("problem", [
@@ -252,29 +261,32 @@ def test_hopper_answers_do_not_depend_on_padding(problem, pad, wider, ext):
     Problem(streams=4, q_len=1, heads=128, prefix=(63, 0, 17, 40), page_size=16),
     Problem(streams=1, q_len=9, heads=8, prefix=55, page_size=64),
 ], ids=lambda p: p.label())
-def test_hopper_with_a_table_of_one_tile_launches_no_merge_and_is_right(problem, ext):
+@pytest.mark.parametrize("stage", HOPPER_STAGES)
+def test_hopper_with_a_table_of_one_tile_launches_no_merge_and_is_right(stage, problem, ext):
     """A block table too narrow for two tiles cuts no unit: the call is the main kernel alone (no merge kernel
     runs), it writes every output itself (NaN-filled before), eagerly and replayed in a graph."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("stage 10 runs on compute capability 9.0 only")
+    import re
+
+    _skip_unless_it_runs(stage)
     from mla_lab.measure.timing import cuda_graph
 
+    st = stages.get(stage)
     w = make_workload(problem, device="cuda", seed=41, poison=True, spare_table_slots=0)
     assert w.block_table.shape[1] * problem.page_size <= 64
-    assert len(stages.get("hopper").launches(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1],
-                                             problem.page_size, 132)) == 1
+    (main,) = st.launches(problem.streams, problem.q_len, problem.heads, w.block_table.shape[1], problem.page_size, 132)
+    assert main.kernel == st.hopper.gather  # too short for the tensor copy or the seesaw
     ref_out, ref_lse = reference_attention(*w.args())
-    call = ops.runner("hopper", w)
+    call = ops.runner(stage, w)
     call()
-    assert compare(call.out, call.lse, ref_out, ref_lse, label="hopper").ok
+    assert compare(call.out, call.lse, ref_out, ref_lse, label=stage).ok
     g = cuda_graph(call)
     call.out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    assert compare(call.out, call.lse, ref_out, ref_lse, label="hopper, replayed").ok
+    assert compare(call.out, call.lse, ref_out, ref_lse, label=f"{stage}, replayed").ok
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
     kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    assert any("hopper_kernel" in k for k in kernels), kernels
+    assert any(re.search(rf"\b{main.kernel}\b", k) for k in kernels), kernels
     assert not any("combine" in k or "merge" in k for k in kernels), kernels

@@ -53,7 +53,7 @@ def test_model_matches_reference(references, stage, case):
     w, ref_out, ref_lse = references[case]
     out, lse, tr = run_model(stage, w, ns)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    if stage in ("tensor_core", "hopper"):
+    if stage == "tensor_core" or stages.get(stage).persistent:
         # P rounded to bf16 before it meets V (the tensor cores' operand type): a few 1e-4
         assert rel_l2(out, ref_out) < 2e-3
         out, lse, _ = MODELS[stage](w, ns, round_p=False)
@@ -200,7 +200,7 @@ def test_dot_variants_agree_to_fp32_rounding():
         assert torch.allclose(got.double(), (q.double() * k.double()).sum(-1), rtol=0, atol=float(bound.max()))
 
 
-# The seesaw build's tile loop (hopper_seesaw_kernel): tiles in pairs, one reference passed between the two
+# The seesaw's tile loop (seesaw_kernel, hopper_seesaw_kernel): tiles in pairs, one reference passed between the two
 # warpgroups.  Shapes whose pairs fill tiles of 64: odd tile counts (a last pair with A alone), pieces cut
 # between blocks (few blocks), streams shorter than a tile, and scores large enough to move the reference in
 # both halves of a pair (q scaled up).
@@ -252,26 +252,29 @@ def test_the_crossed_seesaw_model_matches_reference_and_the_seesaw(case):
 
 
 @pytest.mark.parametrize("ns, seesaw", [(1, True), (5, True), (6, False)])
-def test_the_hopper_model_runs_the_crossed_seesaw_where_the_op_does(ns, seesaw):
+@pytest.mark.parametrize("stage", ["wgmma", "tensor_copy", "seesaw", "hopper"])
+def test_the_hopper_model_runs_the_crossed_seesaw_where_the_stage_does(stage, ns, seesaw):
     """576 pairs over a table of 9 tiles: 9 units of 64 pairs give one block 81 tiles and five blocks 16.2 each,
-    where the op runs the crossed seesaw (stages.hopper_seesaw_pays: 15 tiles a block with pages of 64), and six
-    blocks 13.5 each, where it runs 8 units of 72.  The model follows, and its bytes equal the closed form's, which
-    reads the kernel from the table's width and the blocks."""
+    where stages 12 and 13 run the crossed seesaw (stages.hopper_seesaw_pays: 15 tiles a block with pages of 64;
+    576 pairs fill 9 tiles of 64 exactly), and six blocks 13.5 each, where they run 8 units of 72, as stages 10 and
+    11 always do.  The model follows, and its bytes equal the closed form's, which reads the kernel from the table's
+    width and the blocks."""
     from mla_lab.models import model_hopper, model_seesaw
 
+    seesaw = seesaw and stages.get(stage).hopper.seesaw is not None
     p = Problem(streams=1, q_len=9, heads=64, prefix=440, page_size=64)
     w = make_workload(p, seed=61, poison=True)
     assert w.block_table.shape[1] == 9
-    assert stages.hopper_seesaw_pays(1, 9, 64, 9, 64, ns) == seesaw
+    assert stages.hopper_seesaw_pays(1, 9, 64, 9, 64, ns, stage) == seesaw
     ref_out, ref_lse = reference_attention(*w.args())
-    out, lse, tr = model_hopper(w, ns)
+    out, lse, tr = model_hopper(w, ns, stage=stage)
     assert rel_l2(out, ref_out) < 2e-3 and (lse - ref_lse).abs().max() < 1e-4
-    cross_out, cross_lse, _ = model_seesaw(w, ns, cross=True)
+    cross_out, cross_lse, _ = model_seesaw(w, ns, cross=True, stage=stage)
     assert torch.equal(out, cross_out) == seesaw
-    assert tr.parts == traffic("hopper", p, ns).parts
+    assert tr.parts == traffic(stage, p, ns).parts
     # every unit reads all of its stream's keys: 9 units of 64 pairs read 9/8 of what 8 of 72 do
-    kept = traffic("hopper", p, 6)  # 13.5 tiles a block: not the seesaw
-    assert traffic("hopper", p, ns).parts["kv"] * (8 if seesaw else 1) == kept.parts["kv"] * (9 if seesaw else 1)
+    kept = traffic(stage, p, 6)  # 13.5 tiles a block: not the seesaw
+    assert traffic(stage, p, ns).parts["kv"] * (8 if seesaw else 1) == kept.parts["kv"] * (9 if seesaw else 1)
 
 
 def test_the_large_score_seesaw_case_moves_the_reference_in_a_b_tile():
@@ -292,7 +295,7 @@ def test_the_large_score_seesaw_case_moves_the_reference_in_a_b_tile():
     assert jumps[:, 0::2].any()  # tiles 1, 3, 5, ...: the B of a pair
 
 
-# The seesaw's page lookup (csrc/stage10_hopper.cu, MLA_HOPPER_PAGE_STEPS): by steps set once per kernel, the
+# The seesaw's page lookup (PageSteps, csrc/hopper/seesaw_pieces.cuh): by steps set once per kernel, the
 # same entries and offsets as the division it replaces, for every page size the tensor copy reads.
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128, 192, 256, 320, 512])
 def test_the_seesaw_page_steps_find_what_the_division_finds(page_size):

@@ -25,7 +25,7 @@ def _imports(path):
 
 
 def test_extension_does_not_import_ops():
-    """extension.py builds and loads; ops.py calls it.  The reverse import made a circle."""
+    """core/extension.py builds and loads; core/ops.py calls it.  The reverse import made a circle."""
     assert not {".ops", "mla_lab.core.ops"} & _imports(PACKAGE / "core" / "extension.py")
 
 

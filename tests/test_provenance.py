@@ -9,8 +9,8 @@ import pytest
 
 from mla_lab.measure import provenance
 from mla_lab.core.extension import CSRC, ROOT, source_digest
-from mla_lab.measure.provenance import (all_chapters, chapter_sources, chapter_staleness, run_record, stamp,
-                                stored_record)
+from mla_lab.measure.provenance import (all_chapters, chapter_sources, chapter_staleness, run_record,
+                                        source_digests, stamp, stored_record)
 
 
 def _names(files):
@@ -27,7 +27,23 @@ def test_a_chapter_depends_on_its_own_and_earlier_stages_only():
     assert "csrc/stage_list.h" not in three  # it grows with every new stage
     # a header only a later stage includes is that stage's source, not this chapter's
     assert "csrc/sm90_ptx.cuh" not in three
-    assert "csrc/sm90_ptx.cuh" in _names(chapter_sources("10_hopper.ipynb"))
+    assert not [f for f in three if f.startswith("csrc/hopper/")]
+    # The Hopper stages' chapters: each its own stage file and the shared headers it includes, through csrc/hopper/
+    hopper = {n: _names(chapter_sources(f"{n:02d}_x.ipynb")) for n in (9, 10, 11, 12, 13)}
+    assert not [f for f in hopper[9] if f.startswith("csrc/hopper/") or f == "csrc/sm90_ptx.cuh"]
+    for n, stage_file in ((10, "stage10_wgmma.cu"), (11, "stage11_tensor_copy.cu"), (12, "stage12_seesaw.cu"),
+                          (13, "stage13_hopper.cu")):
+        assert f"csrc/{stage_file}" in hopper[n] and "csrc/sm90_ptx.cuh" in hopper[n]
+        assert {"csrc/hopper/common.cuh", "csrc/hopper/scheduler.cuh", "csrc/hopper/tile_n.cuh",
+                "csrc/hopper/merge.cuh", "csrc/hopper/launch.cuh"} <= set(hopper[n])
+        assert set(hopper[n - 1]) < set(hopper[n])
+    # the tensor-copy loader from chapter 11 on, the seesaw from 12 on
+    assert "csrc/hopper/tma_loader.cuh" not in hopper[10] and "csrc/hopper/tma_loader.cuh" in hopper[11]
+    assert "csrc/hopper/seesaw.cuh" not in hopper[11] and "csrc/hopper/seesaw.cuh" in hopper[12]
+    assert sorted(f.name for f in (CSRC / "hopper").glob("*.cuh")) == sorted(
+        f.removeprefix("csrc/hopper/") for f in hopper[13] if f.startswith("csrc/hopper/"))
+    # the probes and the experiments are builds of their own: no chapter counts them
+    assert not [f for f in hopper[13] if re.match(r"csrc/(probes|experiments)/", f)]
     # chapter 7 has no stage: it depends on stages 0-6, not on 8 and later
     seven = _names(chapter_sources("07_cuda_graphs.ipynb"))
     assert "csrc/stage06_float4.cu" in seven and not [f for f in seven if f.startswith("csrc/stage08")]
@@ -94,6 +110,19 @@ def test_stamp_then_staleness(notebook):
     assert "new: csrc/stage02_flash_ht8.cu" in said and "gone: csrc/stage03_old_name.cu" in said
     assert "mla-lab chapters execute" in said
 
+    # a source that moved with its bytes unchanged: not a change
+    nb = json.loads(notebook.read_text())
+    files = nb["metadata"]["mla_lab"]["provenance"]["files"]
+    files.pop("csrc/stage03_old_name.cu")
+    files.update(source_digests([CSRC / "stage02_flash_ht8.cu", CSRC / "stage03_kv_split.cu"]))
+    files["mla_lab/triton_baseline.py"] = files.pop("mla_lab/core/triton_baseline.py")
+    notebook.write_text(json.dumps(nb))
+    assert chapter_staleness(notebook) is None
+    files["mla_lab/triton_baseline.py"] = "2" * 16  # moved and changed: new and gone
+    notebook.write_text(json.dumps(nb))
+    said = chapter_staleness(notebook)
+    assert "new: mla_lab/core/triton_baseline.py" in said and "gone: mla_lab/triton_baseline.py" in said
+
     stamp(notebook, None)  # executed without a GPU (mla-lab chapters execute --force)
     assert "from a run without a GPU" in chapter_staleness(notebook)
 
@@ -105,10 +134,10 @@ def test_a_later_stage_file_leaves_earlier_chapters_fresh(notebook, monkeypatch,
     monkeypatch.setattr(provenance, "CSRC", csrc)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
     monkeypatch.setattr(provenance, "TRITON_SOURCE", tmp_path / "triton_baseline.py")
-    shutil.copy(ROOT / "mla_lab" / "triton_baseline.py", tmp_path / "triton_baseline.py")
+    shutil.copy(ROOT / "mla_lab" / "core" / "triton_baseline.py", tmp_path / "triton_baseline.py")
     nb = json.loads(notebook.read_text())
     files = nb["metadata"]["mla_lab"]["provenance"]["files"]
-    nb["metadata"]["mla_lab"]["provenance"]["files"] = {k.replace("mla_lab/", ""): v for k, v in files.items()}
+    nb["metadata"]["mla_lab"]["provenance"]["files"] = {k.replace("mla_lab/core/", ""): v for k, v in files.items()}
     notebook.write_text(json.dumps(nb))
     assert chapter_staleness(notebook) is None
     (csrc / "stage42_new_idea.cu").write_text("// a new stage\n")

@@ -31,11 +31,12 @@ def test_peers_table_pairs_only_records_of_one_run(tmp_path):
                _record("hopper", 1, 30.0, heads=128, q_len=1, prefix=777),               # beyond the grid
                _record("flashmla", 1, 30.0, heads=128, q_len=1, prefix=777),             # a tie counts as a win
                _record("hopper", 0, 5.0, streams=8), _record("flashmla", 1, 9.0, streams=8),  # two runs: left out
-               _record("flashmla", 1, 9.0, streams=4)]                                   # no stage 10 record
+               _record("flashmla", 1, 9.0, streams=4)]                                   # no record of the op
     text = readme.peers_table(Recorded(tmp_path / "x.json", runs, records))
     rows = [l for l in text.splitlines() if l.startswith("| ") and l[2].isdigit()]
     assert len(rows) == 3
-    assert "takes at most FlashMLA's time at 1 of 2 shapes" in text
+    assert "Part III's grid, the shapes its targets name: `hopper` takes at most FlashMLA's time at 1 of 2 shapes" \
+        in text
     assert "Beyond that grid: `hopper` takes at most FlashMLA's time at 1 of 1 shapes" in text
     assert "| 1 | 9 | 8 | 16384 | 64 | 20.0 | 40.0 | 0.50 | 50% | 25% |" in rows
     assert "`mla-lab bench --peers A` at commit abc (FlashMLA c2067be)" in text

@@ -16,21 +16,24 @@ def test_order_numbers_and_ids():
     # chapter 7 (CUDA graphs) has no stage of its own; the numbers skip it
     assert [s.number for s in STAGES] == [n for n in range(len(STAGES) + 1) if n != 7]
     assert [c.number for c in stages.CHAPTERS_WITHOUT_STAGE] == [7]
-    assert [n for n, *_ in stages.chapter_map()] == list(range(len(STAGES) + 1))
+    assert [n for n, *_ in stages.chapter_map()] == list(range(len(STAGES) + 1)) == list(range(14))
     assert STAGES[0].id == "triton" and STAGES[0].kind == "triton" and not STAGES[0].is_cuda
     assert all(s.kind == "cuda" for s in STAGES[1:])
     ids = [s.id for s in STAGES]
     assert len(set(ids)) == len(ids)
     assert ids == ["triton", "naive", "flash_ht8", "kv_split", "per_head", "warp_per_key", "float4", "shared_rows",
-                   "tensor_core", "hopper"]
+                   "tensor_core", "wgmma", "tensor_copy", "seesaw", "hopper"]
     assert [s.id for s in CUDA] == ids[1:]
     # chapters are numbered like their stage
     for s in STAGES:
         assert s.chapter.startswith(f"{s.number:02d}_") and s.chapter.endswith(".ipynb")
     # every stage after kv_split keeps the split-KV design
-    assert [s.splits for s in CUDA] == [False, False, True, True, True, True, True, True, True]
-    # stage 10 alone runs a persistent grid (num_splits is its size) with a scheduler of its own
-    assert [s.id for s in CUDA if s.persistent] == ["hopper"]
+    assert [s.splits for s in CUDA] == [False, False] + [True] * 10
+    # Part III's four stages alone run a persistent grid (num_splits is its size) with a scheduler of their own,
+    # and only they have a Hopper design
+    assert [(s.number, s.id) for s in CUDA if s.persistent] == [(10, "wgmma"), (11, "tensor_copy"), (12, "seesaw"),
+                                                                 (13, "hopper")]
+    assert [s.id for s in CUDA if s.hopper is not None] == [s.id for s in CUDA if s.persistent]
 
 
 def test_get_and_names():
@@ -45,6 +48,113 @@ def test_get_and_names():
         STAGES[0].launches(1, 1, 1, 1, 1)
 
 
+HOPPER_IDS = ["wgmma", "tensor_copy", "seesaw", "hopper"]
+
+
+def test_the_hopper_stages_designs():
+    """Each Hopper stage adds one idea: wgmma gathers only (no tensor copy, no seesaw), tensor_copy adds the TMA
+    kernel, seesaw the seesaw's two kernels with the eighth line, hopper (the op) the same with the third line."""
+    d = {s.id: s.hopper for s in CUDA if s.persistent}
+    assert list(d) == HOPPER_IDS
+    assert d["wgmma"].kernels == ("wgmma_kernel", "wgmma_combine_kernel", "wgmma_merge_by_warps_kernel")
+    assert d["tensor_copy"].kernels == ("tensor_copy_gather_kernel", "tensor_copy_kernel", "tensor_copy_combine_kernel",
+                                        "tensor_copy_merge_by_warps_kernel")
+    assert d["seesaw"].kernels == ("seesaw_gather_kernel", "seesaw_tma_kernel", "seesaw_kernel",
+                                   "seesaw_combine_kernel", "seesaw_merge_by_warps_kernel", "seesaw_any_pages_kernel")
+    assert d["hopper"].kernels == ("hopper_kernel", "hopper_tma_kernel", "hopper_seesaw_kernel",
+                                   "hopper_combine_kernel", "hopper_merge_by_warps_kernel",
+                                   "hopper_seesaw_any_pages_kernel")
+    assert stages.HOPPER_KERNELS == d["hopper"].kernels == stages.get("hopper").kernels
+    # <id>_kernel: the kernel of the stage's idea
+    assert [d["wgmma"].gather, d["tensor_copy"].tma, d["seesaw"].seesaw_kernel, d["hopper"].gather] == [
+        f"{i}_kernel" for i in HOPPER_IDS]
+    assert [x.seesaw for x in d.values()] == [None, None, "eighth", "third"]
+    assert d["wgmma"].tma is None and d["wgmma"].seesaw_kernel is None and d["wgmma"].seesaw_any_pages is None
+    assert d["tensor_copy"].seesaw_kernel is None and d["tensor_copy"].seesaw_any_pages is None
+    for sid in ("wgmma", "tensor_copy"):
+        with pytest.raises(ValueError, match="no seesaw kernel"):
+            stages.hopper_seesaw_kernel_for(64, sid)
+    with pytest.raises(ValueError, match="not a Hopper stage"):
+        stages.hopper_seesaw_pays(1, 16, 64, 1000, 64, 132, "tensor_core")
+
+
+# (streams, q_len, heads, max_pages, page_size, num_splits) and the main kernel each Hopper stage launches
+# (by role): "gather", "tma", "seesaw" (with pages of 64 keys or a multiple) or "any" (the seesaw's other kernel).
+HOPPER_CALLS = [
+    ((8, 9, 8, 64, 64, 132), ("gather", "gather", "gather", "gather")),  # 3.9 tiles a block: no tensor copy
+    ((8, 9, 8, 1024, 64, 132), ("gather", "tma", "tma", "tma")),  # 72 pairs never fill tiles of 64
+    ((8, 16, 64, 257, 64, 132), ("gather", "tma", "seesaw", "seesaw")),  # 1024 pairs fill them
+    ((8, 9, 16, 1025, 64, 132), ("gather", "tma", "tma", "seesaw")),  # 144 pairs: within a third, not an eighth
+    ((8, 9, 16, 4097, 16, 132), ("gather", "tma", "tma", "tma")),  # ... and pages of 16: an eighth for the op too
+    ((4, 2, 128, 1000, 32, 132), ("gather", "tma", "any", "any")),  # 256 pairs, pages of 32
+    ((8, 15, 8, 4097, 16, 132), ("gather", "tma", "any", "any")),  # 120 pairs: an eighth of padding
+    ((8, 16, 64, 4097, 16, 8448), ("gather", "tma", "tma", "tma")),  # more blocks, fewer tiles each
+]
+
+
+HOPPER_CALL_IDS = ["x".join(map(str, shape)) for shape, _ in HOPPER_CALLS]
+
+
+@pytest.mark.parametrize("shape, roles", HOPPER_CALLS, ids=HOPPER_CALL_IDS)
+def test_each_hopper_stage_runs_its_own_kernels(shape, roles):
+    B, T, H, mp, ps, ns = shape
+    for sid, role in zip(HOPPER_IDS, roles):
+        st = stages.get(sid)
+        d = st.hopper
+        main = st.launches(B, T, H, mp, ps, num_splits=ns)[0]
+        kernel = dict(gather=d.gather, tma=d.tma, seesaw=d.seesaw_kernel, any=d.seesaw_any_pages)[role]
+        assert main.kernel == kernel, (sid, shape)
+        see = stages.hopper_seesaw_pays(B, T, H, mp, ps, ns, sid)
+        assert see == (role in ("seesaw", "any")), (sid, shape)
+        assert stages.hopper_tma_pays(B, T, H, mp, ps, ns, sid) == (role == "tma"), (sid, shape)
+        if see:
+            assert stages.hopper_seesaw_kernel_for(ps, sid) == kernel
+            assert stages.hopper_units(B, T, H, mp, ps, ns, sid) == B * stages.hopper_seesaw_groups(T, H)
+        else:
+            assert stages.hopper_units(B, T, H, mp, ps, ns, sid) == B * stages.hopper_groups(T, H)
+
+
+@pytest.mark.parametrize("shape", [shape for shape, _ in HOPPER_CALLS], ids=HOPPER_CALL_IDS)
+def test_each_hopper_stage_launches_what_the_extension_says(ext, shape):
+    """The compiled stage's kernel list and the launches it reports: the kernels with a grid are the registry's
+    launches.  The C++ side gives both seesaw kernels the same geometry (the host picks one per call from the
+    cache's tensor map); the one a call launches is the one hopper_seesaw_kernel_for names."""
+    table = {row["id"]: row for row in ext.stage_table()}
+    for sid in HOPPER_IDS:
+        st = stages.get(sid)
+        assert tuple(table[sid]["kernels"]) == st.kernels == st.hopper.kernels
+        every = ext.launch_geometry(sid, *shape)
+        assert [c["kernel"] for c in every] == list(st.kernels)
+        launched = {c["kernel"] for c in every if c["grid"][0] > 0}
+        if stages.hopper_seesaw_pays(*shape, sid):
+            assert {st.hopper.seesaw_kernel, st.hopper.seesaw_any_pages} <= launched
+            launched -= {st.hopper.seesaw_kernel, st.hopper.seesaw_any_pages} - {
+                stages.hopper_seesaw_kernel_for(shape[4], sid)}
+        assert launched == {x.kernel for x in st.launches(*shape[:5], num_splits=shape[5])}, sid
+
+
+def test_the_seesaw_lines():
+    """Where each stage runs the seesaw, over many shapes: never in wgmma and tensor_copy; in seesaw where the pairs
+    fill tiles of 64 with an eighth of padding at most; in hopper also within a third, with pages of 64 or a multiple;
+    and wherever seesaw runs it, hopper does too."""
+    calls = [(B, T, H, 16384 // ps + 1, ps) for B in (1, 8) for T in (1, 2, 3, 4, 8, 9, 15, 16)
+             for H in (8, 16, 64, 128) for ps in (16, 32, 64, 128)]
+    for B, T, H, mp, ps in calls:
+        pays = {sid: stages.hopper_seesaw_pays(B, T, H, mp, ps, 132, sid) for sid in HOPPER_IDS}
+        assert not pays["wgmma"] and not pays["tensor_copy"]
+        fits = stages.hopper_tma_pages(ps) and B * stages.hopper_seesaw_groups(T, H) * stages.hopper_table_tiles(
+            mp, ps) >= stages.hopper_see_tiles_per_block(ps) * 132
+        eighth = stages.hopper_fills_rows(T * H, eighth=True)
+        third = stages.hopper_fills_rows(T * H, eighth=ps % 64 != 0)
+        assert pays["seesaw"] == (eighth and fits), (B, T, H, ps)
+        assert pays["hopper"] == (third and fits), (B, T, H, ps)
+        assert pays["hopper"] >= pays["seesaw"]
+        if not pays["seesaw"]:
+            assert stages.hopper_tma_pays(B, T, H, mp, ps, 132, "seesaw") == stages.hopper_tma_pays(
+                B, T, H, mp, ps, 132, "tensor_copy")
+    assert not stages.hopper_tma_pays(8, 16, 64, 100000, 64, 132, "wgmma")
+
+
 def _global_functions(path):
     text = path.read_text()
     return set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", text))
@@ -56,7 +166,15 @@ def test_source_file_and_kernel(st):
     assert path.is_file(), path
     assert st.source.startswith(f"stage{st.number:02d}_")
     assert st.kernel in _global_functions(path), f"no __global__ {st.kernel} in {st.source}"
-    assert st.kernel == f"{st.id}_kernel"
+    if st.persistent:
+        # A Hopper stage's file defines every kernel of its design, each named after the stage; ``kernel`` is the
+        # one a call runs where neither the tensor copy nor the seesaw does (the gather), and <id>_kernel is the
+        # kernel of the stage's own idea (test_the_hopper_stages_designs).
+        assert set(st.hopper.kernels) <= _global_functions(path), st.source
+        assert all(k.startswith(f"{st.id}_") for k in st.hopper.kernels)
+        assert st.kernel == st.hopper.gather and f"{st.id}_kernel" in st.hopper.kernels
+    else:
+        assert st.kernel == f"{st.id}_kernel"
     if st.splits:
         assert COMBINE_KERNEL in _global_functions(CSRC / "combine_splits.cu")
 

@@ -74,7 +74,8 @@ HOPPER_CHAPTERS = ("10", "11", "12", "13")
 
 
 def hopper_here() -> bool:
-    """Whether this machine's GPU runs the Hopper stages (the registry's rule), so that Part III measures live."""
+    """Whether this machine's GPU runs the Hopper stages (10 to 13; the registry's rule), so that their chapters
+    measure live."""
     import torch
 
     from ..core import stages

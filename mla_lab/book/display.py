@@ -79,7 +79,7 @@ def show_lines(what: str, start: str, end: str | None = None) -> None:
 # ---- occupancy -------------------------------------------------------------------
 
 def occupancy_rows(arch: str, stage_ids=None, streams=1, q_len=9, heads=8, cache_tokens=16400):
-    """For each kernel of each stage: resources from the compiler's report and blocks per SM."""
+    """For the main kernel of each stage: resources from the compiler's report and blocks per SM."""
     from ..measure.occupancy import occupancy
     from ..measure.resources import resources_by_kernel
 
@@ -89,7 +89,7 @@ def occupancy_rows(arch: str, stage_ids=None, streams=1, q_len=9, heads=8, cache
     for st in stages.cuda_stages():
         if stage_ids and st.id not in stage_ids:
             continue
-        # the main kernel's launch (the persistent stage launches its scheduler first)
+        # the main kernel's launch (a Hopper stage's, at pages of one token: its gather), not the merge
         launches = st.launches(streams, q_len, heads, cache_tokens, 1, num_splits=1)
         launch = next(x for x in launches if x.kernel == st.kernel)
         r = res[launch.kernel]

@@ -1,5 +1,5 @@
-"""The README's stage table, and its table of stage 10 beside FlashMLA, generated from the registry
-and the recorded results.
+"""The README's stage table, and its table of the op (stage 13, `hopper`) beside FlashMLA, generated from the
+registry and the recorded results.
 
     python -m mla_lab.book.readme          # rewrite the table in README.md
     python -m mla_lab.book.readme --check  # exit 1 if README.md is out of date (the tests run this)
@@ -75,7 +75,7 @@ def table() -> str:
 
 PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
 OURS, PEER = "hopper", "flashmla"
-# The shapes chapter 10's targets are set on; every other shape a peer run measured is "beyond" them.
+# The shapes Part III's targets are set on; every other shape a peer run measured is "beyond" them.
 PEER_GRID = dict(streams=(1, 8), q_len=(9, 16), heads=(8, 64), prefix=(1024, 4096, 16384, 65536))
 
 
@@ -84,13 +84,13 @@ def on_peer_grid(r: dict) -> bool:
 
 
 def peers_table(rec=None) -> str:
-    """Stage 10 beside FlashMLA at every configuration a run measured both: chapter 10's grid, then the rest."""
+    """The op beside FlashMLA at every configuration a run measured both: Part III's grid, then the rest."""
     rec = rec if rec is not None else _recorded()
     pairs = _results.same_run_pairs(rec, OURS, PEER) if rec else []
     if not pairs:
         return "No run with FlashMLA recorded yet: run `mla-lab bench --peers` on an sm_90 GPU (above)."
     lines = []
-    for title, part in (("Chapter 10's grid, the shapes its targets name",
+    for title, part in (("Part III's grid, the shapes its targets name",
                          [pair for pair in pairs if on_peer_grid(pair[0])]),
                         ("Beyond that grid", [pair for pair in pairs if not on_peer_grid(pair[0])])):
         if not part:
@@ -163,7 +163,7 @@ def render(text: str) -> str:
 
         a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
         text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
-    if PEERS_BEGIN in text:  # stage 10 beside FlashMLA, from the recorded `mla-lab bench --peers` runs
+    if PEERS_BEGIN in text:  # the op beside FlashMLA, from the recorded `mla-lab bench --peers` runs
         a, b = text.index(PEERS_BEGIN) + len(PEERS_BEGIN), text.index(PEERS_END)
         text = text[:a] + "\n" + peers_table() + "\n" + text[b:]
     if ARCH_BEGIN in text:  # which stage runs where: the registry's compute capabilities

@@ -45,12 +45,13 @@ DRAFT_ONLY_PROBLEMS = (
     Problem(streams=1, q_len=1, heads=1, prefix=0, page_size=1),
     Problem(streams=2, q_len=9, heads=64, prefix=0, page_size=64, scattered=False),
 )
-# Stage 10 has three main kernels besides the one the shapes above reach (hopper_kernel): the tensor copy's, and the
-# seesaw's two (64 pairs on wgmma's M, with a softmax and an exchange of maxima of their own).  It takes them only
-# where the table gives each block enough tiles (12; 15 for the seesaw, 56 with pages of 16), so with FEW_BLOCKS
-# blocks: HUGE_PROBLEM reaches hopper_tma_kernel, the two below hopper_seesaw_kernel (pages of 64) and
-# hopper_seesaw_any_pages_kernel (pages of 16), each long stream cut between the blocks and merged.  The other split
-# stages run these with as many splits.
+# The Hopper stages have main kernels besides the gather the shapes above reach (wgmma_kernel, hopper_kernel, ...):
+# from stage 11 the tensor copy's, and in stages 12 and 13 the seesaw's two (64 pairs on wgmma's M, with a softmax and
+# an exchange of maxima of their own).  A stage takes them only where the table gives each block enough tiles (12; 15
+# for the seesaw, 56 with pages of 16), so with FEW_BLOCKS blocks: HUGE_PROBLEM reaches the tensor copy's kernel
+# (tensor_copy_kernel, seesaw_tma_kernel, hopper_tma_kernel), the two below the seesaw's kernels, the one for whole
+# tiles (pages of 64: seesaw_kernel, hopper_seesaw_kernel) and the one for any pages (pages of 16), each long stream
+# cut between the blocks and merged.  The other split stages run these with as many splits.
 FEW_BLOCKS = 2
 HUGE_SEESAW_PROBLEM = Problem(streams=2, q_len=8, heads=8, prefix=(40, 1100), page_size=64)
 IDENTICAL_SEESAW_PROBLEM = Problem(streams=2, q_len=4, heads=16, prefix=(3600, 37), page_size=16)

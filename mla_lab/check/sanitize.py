@@ -47,12 +47,13 @@ WORKLOADS = (
     ("q_len 16, 4 heads, pages of 64", Problem(streams=2, q_len=16, heads=4, prefix=(1, 283), page_size=64),
      (None, 64)),
     ("128 heads, q_len 2, pages of 64", Problem(streams=1, q_len=2, heads=128, prefix=75, page_size=64), (None,)),
-    # with 4 blocks each has 12 tiles: stage 10 copies them by TMA (hopper_tma_kernel)
+    # with 4 blocks each has 12 tiles: stages 11 to 13 copy them by TMA (tensor_copy_kernel, seesaw_tma_kernel, ...)
     ("q_len 9, 8 heads, pages of 16, 4 blocks", Problem(streams=2, q_len=9, heads=8, prefix=(700, 1500), page_size=16),
      (4,)),
-    # Stage 10's seesaw (64 pairs on wgmma's M) runs where the table gives each block 15 tiles or more (56 with pages
-    # of 16 or 32): with two blocks, these short streams reach its two kernels, hopper_seesaw_kernel (pages of 64)
-    # and hopper_seesaw_any_pages_kernel (pages of 16), and the long stream is cut between the blocks.
+    # The seesaw of stages 12 and 13 (64 pairs on wgmma's M) runs where the table gives each block 15 tiles or more
+    # (56 with pages of 16 or 32): with two blocks, these short streams reach its two kernels, the one for whole tiles
+    # (pages of 64: seesaw_kernel, hopper_seesaw_kernel) and the one for any pages (pages of 16), and the long stream
+    # is cut between the blocks.
     ("q_len 8, 8 heads, pages of 64, 2 blocks", Problem(streams=2, q_len=8, heads=8, prefix=(1100, 517), page_size=64),
      (2,)),
     ("q_len 4, 16 heads, pages of 16, 2 blocks", Problem(streams=2, q_len=4, heads=16, prefix=(3600, 37),
@@ -61,7 +62,7 @@ WORKLOADS = (
 # The spoiled workloads: stream 0 valid; 1: a page id past the pool inside its length;
 # 2: a length beyond its block table; 3: a negative page id; 4: a negative length.
 SPOILED = Problem(streams=5, q_len=4, heads=8, prefix=(100, 60, 80, 40, 20), page_size=16)
-# ... and the same spoils in stage 10's seesaw (hopper_seesaw_kernel, with two blocks).
+# ... and the same spoils in the seesaw of stages 12 and 13 (seesaw_kernel, hopper_seesaw_kernel, with two blocks).
 SPOILED_SEESAW = Problem(streams=5, q_len=8, heads=8, prefix=(1100, 900, 1000, 800, 700), page_size=64)
 SPOILED_WORKLOADS = (("spoiled streams (NaN expected for streams 1-4)", SPOILED, (None, 5)),
                      ("spoiled streams, q_len 8, 8 heads, pages of 64, 2 blocks", SPOILED_SEESAW, (2,)))

@@ -45,9 +45,10 @@ class SoakShape:
 
 
 SOAK = SoakShape()
-# Stage 10's seesaw, which the shape above does not reach (144 pairs with pages of 16): 64 pairs a stream, pages of
-# 64, and 8 blocks, so that the table's 4 x 32 tiles give each block the seesaw's 15.  Its plan, and which units it
-# cuts, change with every set of lengths.
+# The Hopper stages' other main kernels, which the shape above does not reach (144 pairs with pages of 16, 8 tiles a
+# stream): 64 pairs a stream, pages of 64, and 8 blocks, so that the table's 4 x 32 tiles give each block the seesaw's
+# 15 (stages 12 and 13) or, in units of 80 pairs, the tensor copy's 12 (stage 11).  Its plan, and which units it cuts,
+# change with every set of lengths.
 SEESAW_SOAK = SoakShape(streams=4, q_len=8, heads=8, page=64, table_pages=32, num_splits=8)
 
 CONCURRENT_A = Problem(streams=3, q_len=9, heads=16, prefix=(1500, 700, 3000), page_size=16)

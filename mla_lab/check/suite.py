@@ -158,7 +158,8 @@ def run_gpu(plan: Plan, parts, stage_ids, seed: int, jobs: int) -> dict:
         for st in sts:
             n = plan.soak_replays if st is main_stage else plan.soak_other_replays
             every = plan.soak_compare_every if st is main_stage else max(1, n // 10)
-            # A persistent stage (stage 10) soaks its seesaw too, which the first shape does not reach.
+            # A Hopper stage soaks a second shape too, which reaches its seesaw (stages 12, 13) or its tensor copy
+            # (11), where the first does not.
             shapes = [(stress.SOAK, n, every)]
             if st.persistent:
                 shapes.append((stress.SEESAW_SOAK, plan.soak_other_replays, max(1, plan.soak_other_replays // 10)))
@@ -581,8 +582,9 @@ def readme_section(rec: dict | None = None) -> str:
                  f"compared, {FULL.soak_other_replays:,} of each other stage, every "
                  f"{FULL.soak_other_replays // 10:,}th compared (`--quick`: {QUICK.soak_replays:,} / "
                  f"{QUICK.soak_other_replays:,}); "
-                 f"{stress.SOAK_STREAMS} streams, q_len {stress.SOAK_Q_LEN}, {stress.SOAK_HEADS} heads; stage 10 also "
-                 f"{FULL.soak_other_replays:,} replays of its seesaw ({stress.SEESAW_SOAK.describe()})")
+                 f"{stress.SOAK_STREAMS} streams, q_len {stress.SOAK_Q_LEN}, {stress.SOAK_HEADS} heads; each Hopper "
+                 f"stage also {FULL.soak_other_replays:,} replays of a shape that reaches its seesaw or its tensor copy "
+                 f"({stress.SEESAW_SOAK.describe()})")
     lines.append(f"- concurrency: each pair of neighbouring stages, {FULL.concurrency_iterations} calls each on two "
                  f"streams; extreme values: {', '.join(KINDS)}")
     lines.append("- " + reach_sentence())
@@ -611,8 +613,8 @@ def reach_sentence(device: str = "h200") -> str:
     where = f"on the {spec.name} ({spec.sms} SMs), by the registry's account of every launch"
     if not missed:
         return (f"kernels reached: the sanitizer's workloads and the extreme values launch every kernel of every CUDA "
-                f"stage {where} (stage 10 takes its tensor copy's and its seesaw's kernels only where the table "
-                f"gives each block enough tiles: those workloads ask for two or four blocks)")
+                f"stage {where} (the Hopper stages take their tensor copy's and their seesaw's kernels only where "
+                f"the table gives each block enough tiles: those workloads ask for two or four blocks)")
     return f"kernels reached {where}: " + "; ".join(missed)
 
 

@@ -99,7 +99,7 @@ def target_archs() -> tuple[str, ...]:
 def arch_target(arch: str) -> str:
     """The target a "9.0"-style arch is compiled for.
 
-    Compute capability 9.0 (H100, H200) is built as ``sm_90a``: stage 10's
+    Compute capability 9.0 (H100, H200) is built as ``sm_90a``: the Hopper stages'
     ``wgmma``, ``setmaxnreg`` and ``griddepcontrol`` exist only in that
     architecture-specific target, and code built for it runs on every 9.0 GPU.
     Every other arch is built as itself.
@@ -172,8 +172,8 @@ _arch_list_users = [0, None]  # builds inside load_sm90a now, and TORCH_CUDA_ARC
 def load_sm90a(name: str, sources: list, build_subdir: str, defines=(), verbose: bool = False):
     """Build (with nvcc, for sm_90a only) and import a small module of its own, beside the extension.
 
-    For what exists only on Hopper and is never an op: stage 10's ablation and
-    timeline builds, the wgmma probe.  ``defines`` go to both compilers.
+    For what exists only on Hopper and is never an op: the experiment builds of
+    the Hopper stages, the wgmma probe.  ``defines`` go to both compilers.
     cpp_extension reads the target from ``TORCH_CUDA_ARCH_LIST``; builds may
     run side by side in threads, so the variable is set while any of them runs
     and put back when the last one ends.

@@ -171,28 +171,28 @@ HOPPER_SLICED_PIECES = 32  # the Hopper stages' combine is sliced where a unit c
 
 
 def hopper_combine_slices(splits: int, units: int, unit_tiles_bound: int) -> int:
-    """Blocks per merged pair in stage 10's combine grid: four (slices of 128 dims) where few units share the grid
+    """Blocks per merged pair in a Hopper stage's combine grid: four (slices of 128 dims) where few units share it
     and a unit can be cut into HOPPER_SLICED_PIECES pieces or more (``unit_tiles_bound``: the block table's tokens
     in 64-key tiles), or where at most two units share it; else one."""
     return 4 if splits >= 16 * units and (units <= 2 or unit_tiles_bound >= HOPPER_SLICED_PIECES) else 1
 
 
 def hopper_combine_threads(slices: int, units: int) -> int:
-    """Threads of a block of stage 10's combine: 128 in a sliced grid of more than two units (320 blocks a unit,
+    """Threads of a block of a Hopper stage's combine: 128 in a sliced grid of more than two units (320 blocks a unit,
     too many for one wave of 256-thread blocks), else 256."""
     return HOPPER_NARROW_COMBINE_THREADS if slices > 1 and units > 2 else HOPPER_COMBINE_THREADS
 
 
 def hopper_combine_by_warps(splits: int, units: int) -> bool:
-    """Whether stage 10 merges each pair of a cut unit with one warp, eight pairs to a block, in
-    hopper_merge_by_warps_kernel (combine_by_warps; in a grid that is not sliced): where the units are cut into a
-    few pieces each, ``splits`` at most three times the units. Else hopper_combine_kernel gives a pair a block
-    of its own (or four, in a sliced grid)."""
+    """Whether a Hopper stage merges each pair of a cut unit with one warp, eight pairs to a block, in its
+    merge_by_warps kernel (combine_by_warps; in a grid that is not sliced): where the units are cut into a few
+    pieces each, ``splits`` at most three times the units. Else its combine kernel gives a pair a block of its own
+    (or four, in a sliced grid)."""
     return splits <= 3 * units
 
 
 def hopper_groups(q_len: int, heads: int) -> int:
-    """Stage 10's pair groups per stream: its (row, head) pairs in blocks of at most 80."""
+    """The tile on N's pair groups per stream (the Hopper stages): its (row, head) pairs in blocks of at most 80."""
     return -(-(q_len * heads) // HOPPER_PAIRS_PER_BLOCK)
 
 
@@ -487,8 +487,8 @@ def kernels_of_call(st: Stage, streams: int, q_len: int, heads: int, max_pages: 
                     num_splits: int | None, sms: int) -> list[str]:
     """The kernels one call of CUDA stage ``st`` launches on a GPU of ``sms`` SMs, with ``num_splits`` blocks a
     stream (a persistent stage: blocks in all), or where None, the stage's own count.  That count matters only to
-    stage 10, whose grid is a block an SM and whose kernels depend on it; the other split stages launch the same
-    two kernels at any count.  So the check can say, on the CPU, which kernels its workloads reach."""
+    the Hopper stages, whose grid is a block an SM and whose kernels depend on it; the other split stages launch the
+    same two kernels at any count.  So the check can say, on the CPU, which kernels its workloads reach."""
     if num_splits is None:
         num_splits = max(1, min(sms, MAX_SPLITS)) if st.persistent else 1
     return [launch.kernel for launch in st.launches(streams, q_len, heads, max_pages, page_size, num_splits)]

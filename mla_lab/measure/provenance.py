@@ -87,16 +87,18 @@ def chapter_sources(notebook: str | Path) -> list[Path]:
     """The files chapter ``NN_*.ipynb``'s outputs depend on: csrc/ without the stages after NN, and Triton's.
 
     A header counts when a counted source includes it (directly or through
-    other headers): one that only later stages include (``sm90_ptx.cuh``, the
-    Hopper stage's PTX helpers) is not a source of the earlier chapters.
+    other headers; headers anywhere under csrc/, named from there as the
+    includes name them): one that only later stages include (``sm90_ptx.cuh``
+    and ``hopper/*.cuh``, what the Hopper stages share) is not a source of the
+    earlier chapters.  The sources counted are csrc/'s own files, not its
+    folders' (the probes and the experiments are builds of their own).
     """
     n = chapter_number(notebook)
-    units, headers = [], {}
+    units = []
+    headers = {path.relative_to(CSRC).as_posix(): path for path in sorted(CSRC.rglob("*"))
+               if path.suffix in (".cuh", ".h") and path.name not in NOT_MEASURED}
     for path in sorted(CSRC.iterdir()):
-        if path.suffix not in (".cu", ".cuh", ".h", ".cpp") or path.name in NOT_MEASURED:
-            continue
-        if path.suffix in (".cuh", ".h"):
-            headers[path.name] = path
+        if path.suffix not in (".cu", ".cpp") or path.name in NOT_MEASURED:
             continue
         m = re.match(r"stage(\d\d)_", path.name)
         if m and int(m.group(1)) > n:
@@ -155,6 +157,9 @@ def chapter_staleness(notebook: str | Path) -> str | None:
     # A recorded file that still exists but is no longer a source of this
     # chapter (the rule that finds sources was refined) changes nothing it shows.
     added, gone = sorted(set(now) - set(then)), sorted(f for f in set(then) - set(now) if not (ROOT / f).exists())
+    # A file that moved with its bytes unchanged (a new file with a gone file's digest) changes nothing it shows.
+    moved = {now[f] for f in added} & {then[f] for f in gone}
+    added, gone = [f for f in added if now[f] not in moved], [f for f in gone if then[f] not in moved]
     if not (changed or added or gone):
         return None
     parts = [f"changed: {', '.join(changed)}" if changed else "", f"new: {', '.join(added)}" if added else "",

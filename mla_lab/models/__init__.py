@@ -50,7 +50,7 @@ def run_model(stage_id: str, w: Workload, num_splits: int | None = None):
 def traffic(stage_id: str, p: Problem, num_splits: int = 1, table_width: int | None = None) -> Traffic:
     """Bytes the stage's kernels move for problem ``p``, without running anything.
 
-    ``table_width``: the block table's pages a stream (stage 10 picks its kernel by it); by default
+    ``table_width``: the block table's pages a stream (a Hopper stage picks its kernel by it); by default
     :func:`mla_lab.core.problem.make_workload`'s, one more than the longest stream needs.
     """
     st = _stages.get(stage_id)

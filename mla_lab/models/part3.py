@@ -15,12 +15,12 @@ from ..core.problem import D_QK, D_V, Workload
 from .common import BF16, FP32, Traffic, _kv_rows
 
 
-# ---- stage 10 ------------------------------------------------------------------
+# ---- the Hopper stages (10 to 13): the scheduler's plan ----------------------------
 
 @dataclass(frozen=True)
 class HopperPlan:
-    """What stage 10's scheduler works out (each block of the main kernel, from kv_lens): the units, their
-    tiles, each block's share.
+    """What the Hopper stages' scheduler works out (each block of the main kernel, from kv_lens; plan_share in
+    csrc/hopper/scheduler.cuh): the units, their tiles, each block's share.
 
     A unit is (stream, group of up to 80 pairs); its tiles are its stream's
     64-key tiles.  Units are numbered group by group (``u = group * streams +
@@ -79,10 +79,10 @@ class HopperPlan:
         return ((x + 1) * self.blocks + self.total_slots - 1) // self.total_slots - 1
 
     def share_of_block(self, cta: int) -> int:
-        """The share the seesaw's block ``cta`` takes (``share_of_block`` in the stage file).  Where the blocks are a
-        multiple of the groups, the groups' shares that read the same keys (``k``, ``k + blocks / groups``, ...) go
-        to neighbouring blocks, ``groups * k + g`` taking ``(blocks / groups) * g + k``; elsewhere block c takes
-        share c, as the op's other kernels always do."""
+        """The share the seesaw's block ``cta`` takes (``share_of_block``, csrc/hopper/scheduler.cuh).  Where the
+        blocks are a multiple of the groups, the groups' shares that read the same keys (``k``, ``k + blocks /
+        groups``, ...) go to neighbouring blocks, ``groups * k + g`` taking ``(blocks / groups) * g + k``; elsewhere
+        block c takes share c, as the tile on N's kernels always do."""
         G, C = self.groups, self.blocks
         if G > 1 and C > G and C % G == 0 and cta < C:
             return (cta % G) * (C // G) + cta // G
@@ -119,12 +119,12 @@ class HopperPlan:
 
 def hopper_plan(kv_lens, q_len: int, heads: int, max_blocks: int, capacity: int | None = None,
                 pairs_per_block: int | None = None, start_slots: int = 0) -> HopperPlan:
-    """Stage 10's scheduler on the CPU (the same integer arithmetic as the main kernel's ``plan_share``).
+    """The Hopper stages' scheduler on the CPU (the same integer arithmetic as the main kernels' ``plan_share``).
 
     ``capacity`` is the block table's tokens per stream; a stream whose length
     is below ``q_len`` or above it gets no tiles (the kernel writes it NaN).
-    ``pairs_per_block``: a unit's most pairs (the op's 80 by default; the
-    seesaw build's 64).  ``start_slots``: the slots a unit's start takes
+    ``pairs_per_block``: a unit's most pairs (the tile on N's 80 by default; the
+    seesaw's 64).  ``start_slots``: the slots a unit's start takes
     (:func:`mla_lab.core.stages.hopper_unit_start_slots`; 0, every slot a tile, by default).
     """
     st = _stages.get("hopper")
@@ -172,12 +172,12 @@ def hopper_blocks(total_tiles: int, groups: int, max_blocks: int, units: int | N
     return multiple if blocks >= groups and 16 * multiple >= 15 * blocks else blocks
 
 
-HOPPER_RESCALE_LOG2 = 8.0  # stage 10 moves a column's softmax reference only when a score passes it by this
+HOPPER_RESCALE_LOG2 = 8.0  # the Hopper stages move a softmax reference only when a score passes it by this
 
 
 def _tile_scores(w, b, q, vis, tile, tr):
-    """Stage 10's scores of one key tile of stream b, base 2, with the keys each pair may not see hidden; and the
-    tile's rows of the cache."""
+    """The Hopper stages' scores of one key tile of stream b, base 2, with the keys each pair may not see hidden;
+    and the tile's rows of the cache."""
     K = _stages.HOPPER_KEYS_PER_TILE
     keys = torch.arange(tile * K, min((tile + 1) * K, int(w.kv_lens[b])))
     kv = _kv_rows(w, b, keys, tr)
@@ -186,8 +186,8 @@ def _tile_scores(w, b, q, vis, tile, tr):
 
 
 def _moved(s_, ref):
-    """Stage 10's lazy softmax reference: it moves only where a score passes it by more than 2^8.  Returns the new
-    reference, the factor of what was summed under the old one, and P = 2^(s - reference)."""
+    """The Hopper stages' lazy softmax reference: it moves only where a score passes it by more than 2^8.  Returns
+    the new reference, the factor of what was summed under the old one, and P = 2^(s - reference)."""
     t = s_.max(-1).values
     new = torch.where(t > ref + HOPPER_RESCALE_LOG2, t, ref)
     use = torch.where(torch.isinf(new), torch.zeros_like(new), new)
@@ -196,7 +196,8 @@ def _moved(s_, ref):
 
 
 def _hopper_tiles(w, b, q, vis, tiles, tr, round_p):
-    """The op's loop over one piece of a unit: tile after tile, one lazy softmax reference per pair."""
+    """The tile on N's loop over one piece of a unit (every Hopper stage's gather and tensor-copy kernels): tile
+    after tile, one lazy softmax reference per pair."""
     m = torch.full((q.shape[0],), -math.inf)
     l = torch.zeros(q.shape[0])
     acc = torch.zeros(q.shape[0], D_V)
@@ -210,13 +211,14 @@ def _hopper_tiles(w, b, q, vis, tiles, tr, round_p):
 
 
 def _seesaw_tiles(w, b, q, vis, tiles, tr, round_p, cross=False):
-    """The seesaw build's loop over one piece of a unit (``hopper_seesaw_kernel``): the tiles in pairs, A scored
-    by warpgroup 0 (dims 0..255 of O), B by warpgroup 1 (dims 256..511), one lazy reference passed A -> B -> next
-    A; each warpgroup's sum covers its own tiles, and P_A reaches warpgroup 1 in B's reference.
+    """The seesaw's loop over one piece of a unit (stages 12 and 13, csrc/hopper/seesaw.cuh): the tiles in pairs,
+    A scored by warpgroup 0 (dims 0..255 of O), B by warpgroup 1 (dims 256..511), one lazy reference passed
+    A -> B -> next A; each warpgroup's sum covers its own tiles, and, as first written, P_A reaches warpgroup 1 in
+    B's reference.
 
-    ``cross``: the crossed order (``-DMLA_HOPPER_SEESAW_CROSS=1``): P_A reaches warpgroup 1 in A's own reference
-    (rounded once, like every P), and warpgroup 1 adds it before B's softmax; where B moves the reference, each
-    warpgroup's half of O and its sum follow B's reference before P_B's products."""
+    ``cross``: the crossed order, the stages': P_A reaches warpgroup 1 in A's own reference (rounded once, like
+    every P), and warpgroup 1 adds it before B's softmax; where B moves the reference, each warpgroup's half of O
+    and its sum follow B's reference before P_B's products."""
     half = D_V // 2
     rnd = (lambda x: x.bfloat16().float()) if round_p else (lambda x: x)
     n = q.shape[0]
@@ -338,8 +340,8 @@ def model_seesaw(w: Workload, num_splits: int | None = None, round_p: bool = Tru
 
 
 def seesaw_page_steps(page_size: int) -> tuple[int, int, int]:
-    """The seesaw's steps for a page size the tensor copy reads (``PageSteps`` in csrc/stage10_hopper.cu, set once
-    per kernel): (boxes a tile, tiles a page, log2 of tiles a page or -1 where that is not a power of two)."""
+    """The seesaw's steps for a page size the tensor copy reads (``PageSteps`` in csrc/hopper/seesaw_pieces.cuh, set
+    once per kernel): (boxes a tile, tiles a page, log2 of tiles a page or -1 where that is not a power of two)."""
     box_keys = min(page_size, _stages.HOPPER_KEYS_PER_TILE)
     boxes = _stages.HOPPER_KEYS_PER_TILE // box_keys
     tiles = page_size // _stages.HOPPER_KEYS_PER_TILE if box_keys == _stages.HOPPER_KEYS_PER_TILE else 1
@@ -349,7 +351,7 @@ def seesaw_page_steps(page_size: int) -> tuple[int, int, int]:
 
 def seesaw_tile_boxes(page_size: int, tile: int, kv_len: int, by_steps: bool = True) -> tuple[list[int], int]:
     """The block-table entries of a tile's boxes that hold keys of a stream of ``kv_len`` keys, and the tile's
-    first key within its page: by steps (build ``seesaw_steps``: the tile's first entry once, a shift where the
+    first key within its page: by steps (the stages' ``PageSteps``: the tile's first entry once, a shift where the
     page holds a power of two of tiles) or, with ``by_steps=False``, as first written (each box's first key
     divided by the page size)."""
     box_keys = min(page_size, _stages.HOPPER_KEYS_PER_TILE)
@@ -363,9 +365,9 @@ def seesaw_tile_boxes(page_size: int, tile: int, kv_len: int, by_steps: bool = T
     return [page * boxes + i for i in used], (tile - page * tiles) * _stages.HOPPER_KEYS_PER_TILE
 
 
-# ---- stage 10 in the rows layout: the ring's protocol ------------------------------
+# ---- the rows layout (an experiment build, "rows"): the ring's protocol ---------------
 
-ROWS_RING_CHUNKS = 18  # csrc/stage10_hopper.cu, kRowsRing: two whole tiles of 9 chunks
+ROWS_RING_CHUNKS = 18  # the rows build's kRowsRing: two whole tiles of 9 chunks
 
 
 def _rows_programs(pieces, chunks: int = 9):
@@ -477,7 +479,7 @@ def rows_ring_schedule(pieces, ring: int = ROWS_RING_CHUNKS, chunks: int = 9) ->
     return {"done": done, "loaded": loaded, "frees": frees, "early": early}
 
 
-# ---- the TMA build's loader (chapter 10's build "tma"): its protocol on the CPU ----
+# ---- the tensor-copy loader (stage 11 onwards, csrc/hopper/tma_loader.cuh): its protocol on the CPU ----
 
 
 TMA_LOADER_PROTOCOLS = ("progress", "skip_wait", "none")
@@ -590,9 +592,9 @@ def tma_gather_schedule(tiles, ring: int = _stages.HOPPER_RING_CHUNKS, chunks: i
     return {"done": done, "overwrites": overwrites, "consumed": consumed, "stuck": not done and not overwrites}
 
 
-# ---- stage 10: a whole unit's rows, through shared memory ---------------------------
+# ---- the tile on N: a whole unit's rows, through shared memory ------------------------
 
-HOPPER_STAGE_ROW_BYTES = 2 * D_V + 16  # csrc/stage10_hopper.cu, kStageRowBytes: a pair's bf16 row, padded
+HOPPER_STAGE_ROW_BYTES = 2 * D_V + 16  # csrc/hopper/common.cuh, kStageRowBytes: a pair's bf16 row, padded
 
 
 def hopper_out_staging(pairs: int = _stages.HOPPER_PAIRS_PER_GROUP) -> dict:
