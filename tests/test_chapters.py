@@ -270,7 +270,8 @@ def test_kept_measurement(tmp_path, monkeypatch):
     assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("measured now on NVIDIA H200")
     monkeypatch.setattr(chapter_measure, "GPU", False)
     value, said = ch.kept_measurement("10_x", "ablation", lambda: pytest.fail("measured without a GPU"))
-    assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("recorded on NVIDIA H200 by executing this chapter")
+    assert value == [{"on": 30.5, "off": 33.0}] and said.startswith("recorded on NVIDIA H200 on ")
+    assert " at commit " in said and "by executing this chapter" in said
 
 
 def test_chapter_10s_builds_are_compiled_side_by_side_before_it_runs_on_hopper(monkeypatch):
