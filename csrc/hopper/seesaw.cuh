@@ -456,7 +456,7 @@ __device__ __forceinline__ void seesaw_block(const MlaParams& p, const KvTensor&
   plan_share<kSeeThreads, kStartSlots, kSameKeysAdjacent>(p, sh, reinterpret_cast<int*>(smem + kSOffPlan), cur,
                                                            C);  // its barriers publish the mbarriers
   if (blockIdx.x >= C) return;
-  seesaw<Parts>(p, sh, cur, smem, kv);
+  Parts::template run<Parts>(p, sh, cur, smem, kv);  // the loop Parts names (SeesawParts: seesaw, above)
   launch_dependents();
 }
 #endif  // MLA_SM90A

@@ -215,13 +215,22 @@ struct SeeBoxes {
   __device__ __forceinline__ bool four_at_once() const { return kFourChunks && (kWholeTiles || kv.chunk_boxes != 0); }
 };
 
+template <class Parts>
+__device__ void seesaw(const MlaParams& p, const Shape& sh, Cursor cur, unsigned char* smem, const KvTensor& kv);
+
 // The seesaw's pieces that an experiment may swap (csrc/experiments/): the op's.
+// run: the two warpgroups' loop (hopper/seesaw.cuh's).
 template <bool kWholeTiles>
 struct SeesawParts {
   using Boxes = SeeBoxes<kWholeTiles>;
   using Pages = PagesBySteps;
   using Softmax = SoftmaxFfma;
   using Stamps = NoStamps;
+  template <class Self>
+  __device__ static __forceinline__ void run(const MlaParams& p, const Shape& sh, const Cursor& cur,
+                                             unsigned char* smem, const KvTensor& kv) {
+    seesaw<Self>(p, sh, cur, smem, kv);
+  }
 };
 
 // Chunk j of a tile (dims 64j .. 64j + 63 of its keys) into `tile_s`, counted on bar.
