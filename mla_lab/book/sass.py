@@ -48,10 +48,14 @@ def cubin_sass(cubin: Path) -> str:
 
 
 def kernel_sass(cubin: Path, kernel: str) -> str:
-    """The disassembly of one kernel (its function body) in a compiled ``cubin``."""
+    """The disassembly of one kernel (its function body) in a compiled ``cubin``: the kernel whose own name is
+    ``kernel`` (``timeline_kernel``, not ``pingpong_timeline_kernel``), else the first whose symbol holds it."""
+    from ..measure.resources import kernel_name
+
     text = cubin_sass(cubin)
     parts = re.split(r"\n\s*Function : ", text)
-    return next((p for p in parts if kernel in p.splitlines()[0]), text)
+    own = next((p for p in parts[1:] if kernel_name(p.splitlines()[0].strip()) == kernel), None)
+    return own or next((p for p in parts if kernel in p.splitlines()[0]), text)
 
 
 def sass_memory_ops(stage_id: str, arch: str = "9.0") -> Counter:
