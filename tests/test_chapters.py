@@ -274,25 +274,28 @@ def test_kept_measurement(tmp_path, monkeypatch):
     assert " at commit " in said and "by executing this chapter" in said
 
 
-def test_chapter_10s_builds_are_compiled_side_by_side_before_it_runs_on_hopper(monkeypatch):
-    """`mla-lab chapters execute` compiles every build chapter 10 loads first, in parallel, and only there."""
-    from mla_lab.book import experiments as ablation, load_rate, wgmma_rate
+def test_part_iiis_experiments_are_compiled_side_by_side_before_it_runs_on_hopper(monkeypatch):
+    """`mla-lab chapters execute` compiles every experiment file and probe Part III loads first, in parallel, and
+    only for Part III's chapters and appendix."""
+    from mla_lab.book import experiments, load_rate, wgmma_rate
 
     built = []
-    monkeypatch.setattr(ablation, "load", lambda name: built.append(name))
+    monkeypatch.setattr(experiments, "load", lambda name: built.append(name))
     monkeypatch.setattr(load_rate, "load", lambda: built.append("load_rate"))
     monkeypatch.setattr(wgmma_rate, "load", lambda: built.append("wgmma_rate"))
     monkeypatch.setattr(ch, "hopper_here", lambda: True)
     assert ch.prebuild_for([ch.CHAPTERS / "09_tensor_cores.ipynb"]) == 0 and built == []
-    n = ch.prebuild_for([ch.CHAPTERS / "10_hopper.ipynb"])
-    assert sorted(built) == sorted([*ablation.BUILDS, *ablation.VARIANTS, "load_rate", "wgmma_rate"]) and n == len(built)
-    # every build the chapter's cells name is among them
-    src = "".join("".join(c["source"]) for c in json.loads((ch.CHAPTERS / "10_hopper.ipynb").read_text())["cells"]
+    part3 = sorted(ch.CHAPTERS.glob("1[0-3]_*.ipynb")) + [ch.CHAPTERS / ch.HOPPER_APPENDIX]
+    for path in part3:
+        built.clear()
+        n = ch.prebuild_for([path])
+        assert sorted(built) == sorted([*experiments.FILES, "load_rate", "wgmma_rate"]) and n == len(built)
+    # every experiment the cells name is one of them
+    src = "".join("".join(c["source"]) for p in part3 for c in json.loads(p.read_text())["cells"]
                   if c["cell_type"] == "code")
-    named = set(re.findall(r"ablation\.(?:load|runner)\(\"(\w+)\"", src))
-    named |= {getattr(ablation, c) for c in re.findall(r"ablation\.([A-Z_]+)\b", src)
-              if isinstance(getattr(ablation, c, None), str)}
-    assert named and named <= set(built), named - set(built)
-    monkeypatch.setattr(ch, "hopper_here", lambda: False)  # no Hopper GPU: the chapter shows recorded results
+    named = set(re.findall(r"(?:experiments|ex)\.(?:runner|build|main_sass|sass_counts|hgmma_shapes)\(\"(\w+)\"", src))
+    assert named and named <= set(experiments.EXPERIMENTS) | set(experiments.FILES) | {
+        "wgmma", "tensor_copy", "seesaw", "hopper"}, named - set(experiments.EXPERIMENTS)
+    monkeypatch.setattr(ch, "hopper_here", lambda: False)  # no Hopper GPU: the chapters show recorded results
     built.clear()
-    assert ch.prebuild_for([ch.CHAPTERS / "10_hopper.ipynb"]) == 0 and built == []
+    assert ch.prebuild_for(part3) == 0 and built == []

@@ -58,7 +58,8 @@ def execute(paths=None, timeout: int = 1200) -> int:
 
 def prebuild_for(paths) -> int:
     """Before a Part III chapter runs on a Hopper GPU, compile the experiments side by side; returns how many."""
-    if not any(Path(p).name[:2] in HOPPER_CHAPTERS for p in paths) or not hopper_here():
+    if not any(Path(p).name[:2] in HOPPER_CHAPTERS or Path(p).name == HOPPER_APPENDIX for p in paths) \
+            or not hopper_here():
         return 0
     import time
 
@@ -71,6 +72,7 @@ def prebuild_for(paths) -> int:
 
 
 HOPPER_CHAPTERS = ("10", "11", "12", "13")
+HOPPER_APPENDIX = "appendix_part3_experiments.ipynb"
 
 
 def hopper_here() -> bool:
