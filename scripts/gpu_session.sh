@@ -30,7 +30,7 @@
 #             FlashMLA on the same workload: PROFILE="hopper 8 9 64 16384 --page-size 64 --peer flashmla"
 #             PROFILE_KERNEL=flash_fwd_splitkv_mla PROFILE_NAME=flashmla
 #   flashmla_compat  tests/test_flash_mla_gpu.py: mla_lab.flash_mla against the reference on every stage this GPU
-#             runs, against FlashMLA on 32 shapes (put FlashMLA on PYTHONPATH as the README's "Peers" says, else
+#             runs, against FlashMLA on 32 shapes (put FlashMLA on PYTHONPATH as docs/benchmark.md's "Peers" says, else
 #             those are skipped and listed), CUDA-graph replays, host overhead; log and JUnit XML in $OUT
 #   check     mla-lab check, full, on the stages in CHECK_STAGES (default the Hopper stages, "wgmma tensor_copy
 #             seesaw hopper"; "all" for every stage):
@@ -101,7 +101,7 @@ for s in "${steps[@]}"; do
       step check
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       chosen=${CHECK_STAGES:-wgmma tensor_copy seesaw hopper}
-      # a run of a few stages is recorded beside the full one (the README reads both)
+      # a run of a few stages is recorded beside the full one (docs/trust.md reads both)
       stages_arg="--stages $chosen --out results/check/$gpu-${chosen// /-}.json"
       [ "$chosen" = all ] && stages_arg=""
       $MLA check $stages_arg 2>&1 | tail -n 60 | tee "$OUT/check.log"
@@ -137,5 +137,5 @@ for s in "${steps[@]}"; do
   esac
 done
 step pack
-tar czf "$OUT/results.tgz" results chapters/*.ipynb README.md 2>/dev/null
+tar czf "$OUT/results.tgz" results chapters/*.ipynb README.md docs 2>/dev/null
 ls -la "$OUT"

@@ -210,7 +210,7 @@ def test_sass_instruction_mix():
 def test_the_product_names_no_issue_and_no_file_outside_it():
     """Text a reader of the repository can follow: no issue numbers, no paths outside the repository."""
     root = ch.ROOT
-    files = [root / "README.md"] + [p for d in ("mla_lab", "csrc", "chapters", "tests", "scripts")
+    files = [root / "README.md"] + [p for d in ("mla_lab", "csrc", "chapters", "tests", "scripts", "docs")
                                     for p in sorted((root / d).rglob("*")) if p.is_file()]
     me = root / "tests" / "test_chapters.py"
     for path in files:

@@ -1,5 +1,5 @@
 """mla_lab.flash_mla on a GPU: the fp32 reference for every stage the GPU runs, FlashMLA's own answers on 32
-shapes (where `import flash_mla` works: build it as the README's "Peers" says), CUDA-graph replays with lengths
+shapes (where `import flash_mla` works: build it as docs/benchmark.md's "Peers" says), CUDA-graph replays with lengths
 and tables that change, and the host time it adds to the bare op.  `scripts/gpu_session.sh flashmla_compat`
 runs this file."""
 
@@ -93,7 +93,7 @@ FLASHMLA_SHAPES = [(b, s_q, h, prefix, causal) for b in (1, 8) for s_q in (1, 9)
 
 @pytest.fixture(scope="module")
 def flash_mla():
-    fm = pytest.importorskip("flash_mla", reason="FlashMLA is not importable (README, 'Peers': build it, put it on "
+    fm = pytest.importorskip("flash_mla", reason="FlashMLA is not importable (docs/benchmark.md, 'Peers': build it, put it on "
                                                  "PYTHONPATH)")
     if _cc() != (9, 0):
         pytest.skip("FlashMLA's dense decode runs on sm_90 here")

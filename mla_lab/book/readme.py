@@ -1,8 +1,10 @@
-"""The README's stage table, and its table of the op (stage 13, `hopper`) beside FlashMLA, generated from the
-registry and the recorded results.
+"""The generated tables of README.md and docs/*.md: the stage table (README), the op (stage 13, `hopper`) beside
+FlashMLA (docs/benchmark.md), the trust record (docs/trust.md), which GPUs (docs/using.md), the end-to-end step
+(docs/using.md), from the registry and the recorded results.  Each table stands between its markers in
+whichever of those files holds them.
 
-    python -m mla_lab.book.readme          # rewrite the table in README.md
-    python -m mla_lab.book.readme --check  # exit 1 if README.md is out of date (the tests run this)
+    python -m mla_lab.book.readme          # rewrite the tables
+    python -m mla_lab.book.readme --check  # exit 1 if one is out of date (the tests run this)
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from ..core import stages
 from ..core.extension import ROOT
 
 README = ROOT / "README.md"
+
+
+def pages() -> list:
+    """The files whose tables are generated: the README and the docs."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
 BEGIN, END = "<!-- stage-table:begin -->", "<!-- stage-table:end -->"
 GRAPHS_BEGIN, GRAPHS_END = "<!-- graphs-table:begin -->", "<!-- graphs-table:end -->"
 # (streams, q_len, heads, prefix) columns of recorded graph-replay times
@@ -156,8 +163,9 @@ def arch_table() -> str:
 
 
 def render(text: str) -> str:
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    text = text[:a] + "\n" + table() + "\n" + text[b:]
+    if BEGIN in text:  # the stages, from the registry and the recorded bench runs
+        a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+        text = text[:a] + "\n" + table() + "\n" + text[b:]
     if TRUST_BEGIN in text:  # "How far to trust it": from the recorded `mla-lab check` (mla_lab/check/suite.py)
         from ..check.suite import readme_section
 
@@ -179,14 +187,17 @@ def render(text: str) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    text = README.read_text()
-    new = render(text)
-    if "--check" in argv:
+    stale = []
+    for path in pages():
+        text = path.read_text()
+        new = render(text)
         if new != text:
-            print("README.md's generated tables are out of date: run `python -m mla_lab.book.readme`")
-            return 1
-        return 0
-    README.write_text(new)
+            stale.append(path.relative_to(ROOT).as_posix())
+            if "--check" not in argv:
+                path.write_text(new)
+    if "--check" in argv and stale:
+        print(f"generated tables out of date in {', '.join(stale)}: run `python -m mla_lab.book.readme`")
+        return 1
     return 0
 
 

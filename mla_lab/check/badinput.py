@@ -14,7 +14,7 @@ Two kinds of bad input:
   themselves: the bad stream's output and lse are NaN, the other streams are
   exact.
 
-:data:`BAD_INPUTS` is the table; the README's table is generated from it, and
+:data:`BAD_INPUTS` is the table; docs/trust.md's table is generated from it, and
 the tests and ``mla-lab check`` run every entry through the public API, the raw
 ops and ``check=False``.  All cases change one thing in :data:`BASE`.
 
@@ -67,7 +67,7 @@ def _most_splits(st: Stage) -> int:
 @dataclass(frozen=True)
 class BadInput:
     key: str
-    what: str  # the bad input in words (the README's first column)
+    what: str  # the bad input in words (the table's first column)
     change: Callable[[dict, Stage], dict]  # valid arguments -> bad ones
     api: str  # regex for attention()'s InputError, after "<stage>: "
     op: str | None  # regex for the raw op's error, after "mla_lab::<stage>: "; None: a content case
@@ -424,7 +424,7 @@ def unchecked_isolated(st: Stage, device: str = "cpu", timeout_s: float = 600) -
         return results
 
 
-# ---- the README's table ----------------------------------------------------------------------------
+# ---- docs/trust.md's table ----------------------------------------------------------------------------
 
 def python_message(case: BadInput, st: Stage) -> str:
     """The message attention() gives for ``case`` (the Python checks, run on the CPU), without the stage prefix."""
@@ -444,7 +444,7 @@ def python_message(case: BadInput, st: Stage) -> str:
 
 
 def markdown_table(st: Stage | None = None) -> str:
-    """The README's table of bad inputs, with the messages the Python checks give now (on CPU tensors)."""
+    """docs/trust.md's table of bad inputs, with the messages the Python checks give now (on CPU tensors)."""
     if st is None:  # a 16-byte CUDA stage, so that every row applies
         st = next(s for s in reversed(_stages.STAGES) if s.is_cuda and s.align_bytes >= 16)
     lens = ", ".join(map(str, BASE.kv_lens))

@@ -20,7 +20,7 @@ It prints a table per part and a summary, and writes ``results/check/<gpu>.json`
 every count.  Without a GPU it runs what needs none (the fuzz against the
 stages' CPU models and the Triton interpreter, the bad-input table through the
 Python checks and the compiled ops' argument checks, the extreme values on the
-models) and says which parts need a GPU.  The README's "How far to trust it"
+models) and says which parts need a GPU.  docs/trust.md ("How far to trust it")
 section is generated from the record (:func:`readme_section`).
 """
 
@@ -525,10 +525,10 @@ def load_record(path: Path | None = None) -> dict | None:
     return rec
 
 
-# ---- the README section ---------------------------------------------------------------------------
+# ---- docs/trust.md's section ---------------------------------------------------------------------------
 
 def readme_section(rec: dict | None = None) -> str:
-    """The generated part of the README's "How far to trust it": figures from the record, the bad-input table."""
+    """The generated part of docs/trust.md: figures from the record, the bad-input table."""
     from . import badinput, fuzz, stress
     from .extremes import KINDS
 
@@ -731,7 +731,7 @@ DESCRIPTION = (
     "replayed while its lengths and tables change; two stages on two CUDA streams at once; every bad input through "
     "attention(), the raw ops and check=False; extreme values. Prints a table per part and a summary, and writes "
     "results/check/<gpu>.json (<gpu>-quick.json with --quick) with the GPU, date, commit and every count; the "
-    "README's \"How far to trust it\" is generated from it. Without a GPU it runs the parts that need none (the fuzz "
+    "docs/trust.md is generated from it. Without a GPU it runs the parts that need none (the fuzz "
     "and extreme values against the stages' CPU models, the bad-input table through the Python checks and the "
     "compiled ops' argument checks, the Triton baseline in its interpreter) and names the parts that need a GPU. "
     "Exits 1 if a target is missed.")

@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     peers = {} if args.no_peers else _peers()
     if args.peers and "flashmla" not in peers:
         print("mla-lab bench --peers: FlashMLA is not importable here (import flash_mla failed). Build it from "
-              "its repository (README, 'Peers') and put it on PYTHONPATH.", file=sys.stderr)
+              "its repository (docs/benchmark.md, 'Peers') and put it on PYTHONPATH.", file=sys.stderr)
         return 2
     problems = grid(args)
     total = len(problems) * (len(wanted) + len(peers))

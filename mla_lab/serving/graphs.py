@@ -638,7 +638,7 @@ def print_defrag(r: dict, only=None, alias=None) -> None:
 
 
 def readme_section() -> str:
-    """The README's end-to-end lines, from the latest record of `mla-lab graphs`."""
+    """docs/using.md's end-to-end lines, from the latest record of `mla-lab graphs`."""
     rec = load()
     if rec is None:
         return "No end-to-end results recorded yet: run `mla-lab graphs` on a GPU."
