@@ -16,6 +16,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "compile: compiles builds beside the extension (experiments, other GPUs) and "
                                        "reads their SASS; not in a plain run: `python -m pytest -m compile` runs them")
+    config.addinivalue_line("markers", "slow: minutes of CPU models or Triton's interpreter (the fuzz and the extreme "
+                                       "values over every stage's model, the acceptance loop); not in a plain run: "
+                                       "`python -m pytest -m slow` runs them")
 
 
 @pytest.fixture(scope="session")

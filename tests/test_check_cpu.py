@@ -117,6 +117,7 @@ def cpu_tallies():
     return len(cases), fuzz.fuzz(ALL, cases, device="cpu", models=True, stage_case_limit={"triton": TRITON_CASES})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [s.id for s in ALL])
 def test_fuzz_against_the_models(cpu_tallies, stage):
     n, tallies = cpu_tallies
@@ -214,6 +215,7 @@ def extreme_results():
     return extremes.run(ALL, "cpu", models=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [s.id for s in ALL])
 def test_extreme_values_on_the_models(extreme_results, stage):
     r = extreme_results[stage]

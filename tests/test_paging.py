@@ -147,6 +147,7 @@ def test_append_slots_by_hand():
     assert slots.view(4, 2)[1].tolist() == [5 * 4 + 1, 5 * 4 + 2]
 
 
+@pytest.mark.slow
 def test_acceptance_loop_on_cpu():
     """100 verify steps of the small model through the fp32 reference attention, with a padded bucket
     and defragmentation every 25 steps: cache exact and output within tolerance at every step."""
