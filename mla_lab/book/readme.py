@@ -36,7 +36,7 @@ def table() -> str:
     rec = _recorded()
     head = ["#", "stage", "chapter", "what it adds", "threads", "smem/block"]
     head += [f"H{h} prefix {p // 1024}k µs" for _, _, h, p in COLUMNS]
-    head += ["vs Triton (H8 16k)"]
+    head += ["vs Triton (H8 16k)", "vs FlashMLA (H8 16k, pages of 64)"]
     header = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines = ["The article's ladder (chapters 00–07):", ""] + header
     triton = None
@@ -69,15 +69,27 @@ def table() -> str:
                 times.append(r["us_graph"])
                 cells.append(f"{r['us_graph']:.0f}")
         cells.append(f"{triton / times[0]:.2f}x" if triton and times[0] else "—")
+        peer = _flashmla_pair(rec, s.id) if rec else None
+        cells.append(f"{peer[1]['us_graph'] / peer[0]['us_graph']:.2f}x" if peer else "—")
         lines.append("| " + " | ".join(cells) + " |")
     if rec:
         lines.append("")
         lines.append(f"Times: {rec.describe()}; CUDA-graph replay, median, L2 flushed, one stream, "
-                     f"`q_len` 9, pages of one token at scattered ids.")
+                     f"`q_len` 9, pages of one token at scattered ids. A ratio above 1 is faster than the peer. "
+                     f"FlashMLA (pages of 64 only) is set beside a stage only where one run timed both "
+                     f"(`mla-lab bench --peers`); '—': no such run.")
     else:
         lines.append("")
         lines.append("No recorded results yet: run `mla-lab bench` on a GPU.")
     return "\n".join(lines)
+
+
+def _flashmla_pair(rec, stage_id: str):
+    """The stage and FlashMLA at one stream, 9 rows, 8 heads, 16384 keys, pages of 64, timed in one run."""
+    for ours, peer in _results.same_run_pairs(rec, stage_id, PEER):
+        if (ours["streams"], ours["q_len"], ours["heads"], ours["prefix"], ours["page_size"]) == (1, 9, 8, 16384, 64):
+            return ours, peer
+    return None
 
 
 PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
