@@ -187,7 +187,7 @@ def _chapters_args(ap):
         epilog="examples:\n  mla-lab chapters execute\n  mla-lab chapters execute chapters/03_kv_split.ipynb\n"
                "  mla-lab chapters execute --force chapters/00_problem_and_baseline.ipynb   # CPU: does it run?")
     ex.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", type=T.existing_file,
-                    help="chapters/NN_name.ipynb (default: every chapter)")
+                    help="chapters/NN_name.ipynb (default: every chapter, then the appendix)")
     ex.add_argument("--force", action="store_true",
                     help="execute even without a GPU (to see that the chapters run; the outputs are not for keeping)")
     ex.add_argument("--timeout", type=T.positive_int, default=1200, metavar="S",
@@ -220,7 +220,8 @@ def _chapters_execute(args) -> int:
         return 1
     from .book.chapters import execute
 
-    paths = [Path(p) for p in args.notebooks] or provenance.all_chapters()
+    paths = [Path(p) for p in args.notebooks] or [*provenance.all_chapters(),
+                                                  *sorted(provenance.CHAPTERS.glob("appendix_*.ipynb"))]
     failed = []
     for path in paths:
         if execute([str(path)], timeout=args.timeout) == 0:

@@ -7,10 +7,16 @@
 #   bash scripts/gpu_session.sh quick                      # mla-lab bench --quick
 #   bash scripts/gpu_session.sh test bench extra layouts profile chapters
 #
+# What waits for the next H200 session (Part III's ladder and the library, CPU-checked only so far):
+#   bash scripts/gpu_session.sh gputest experiments flashmla_compat bench peers check chapters
+#
 # Steps:
 #   quick     mla-lab bench --quick (about a minute; writes nothing)
 #   test      the whole pytest suite (tests/ only), -x
 #   gputest   tests/test_gpu.py only
+#   experiments  tests/test_experiments.py whole: the experiments' SASS and, on sm_90, each experiment beside its
+#             stage (right answers where it keeps them), after compiling every experiment side by side
+#   peers     mla-lab bench --peers on Part III's grid and the Hopper stages (FlashMLA must import)
 #   verify    mla-lab verify --quick, every stage
 #   bench     mla-lab bench, the article's grid, every stage; if the newest stage fails a quick
 #             check, every stage but it (the bench stops at the first wrong answer)
@@ -71,6 +77,15 @@ for s in "${steps[@]}"; do
     gputest)
       step gputest
       $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest_gpu.log" ;;
+    experiments)
+      step experiments
+      $PY -c "from mla_lab.book import experiments; print(experiments.prebuild(), 'modules built')"
+      $PY -m pytest tests/test_experiments.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 40 \
+          | tee "$OUT/experiments.log" ;;
+    peers)
+      step peers
+      $MLA bench --peers --stages triton tensor_core wgmma tensor_copy seesaw hopper --streams 1 8 --q-len 9 16 \
+          --heads 8 64 --prefix 1024 4096 16384 65536 --page-size 64 2>&1 | tee "$OUT/bench_peers.log" | grep -v '^\[' ;;
     flashmla_compat)
       step flashmla_compat
       $PY -m pytest tests/test_flash_mla_gpu.py -q -p no:cacheprovider -rs -s -o addopts="" \
