@@ -528,9 +528,13 @@ def test_the_seesaw_experiments_swap_one_piece_each():
                                                         "false", "p", "kv"], n
     # seesaw_block runs the loop its Parts name: stage 12's (SeesawParts), or an experiment file's own
     assert "Parts::template run<Parts>(" in _block((CSRC / "hopper" / "seesaw.cuh").read_text(), "void seesaw_block(")
-    for file, loop in (("seesaw_uncrossed", "seesaw_uncrossed"), ("seesaw_chunk_copies", "seesaw_chunk_copies"),
-                       ("seesaw_copies_behind", "seesaw_copies_behind")):
-        assert re.search(rf"void run\([^)]*\) \{{\s*{loop}<Self>\(", experiments.source(file).read_text()), file
+    for file, loop in (("seesaw_uncrossed", "seesaw_uncrossed<Self>"),
+                       ("seesaw_chunk_copies", "seesaw_chunk_copies<Self, false>"),
+                       ("seesaw_copies_behind", "seesaw_chunk_copies<Self, true>")):
+        assert re.search(rf"void run\([^)]*\) \{{\s*{re.escape(loop)}\(", experiments.source(file).read_text()), file
+    # chunk copies and copies behind share one loop; kCopiesBehind moves the two places where copies are asked
+    shared = (CSRC / "experiments" / "seesaw_chunk_copies.cuh").read_text()
+    assert shared.count("if constexpr (kCopiesBehind)") == 2 and shared.count("if constexpr (!kCopiesBehind)") == 2
     steps = [(("PagesBySteps",), ("PagesByDivision",))]
     stamped = [(("TileStamps",), ("NoStamps",))]
     assert _swapped("seesaw_steps", "seesaw") == _swapped("seesaw_cross_steps", "seesaw_cross") == steps
