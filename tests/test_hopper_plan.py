@@ -610,7 +610,8 @@ def test_the_seesaw_rule_matches_the_kernel():
     assert re.search(r"const Shape sh = shape_in\(p, true\);", hopper_source("seesaw"))
     # the op's pieces: the page lookup by steps, a tile's chunks four to a copy (a stage's kernels name no other)
     pieces = hopper_source("seesaw_pieces")
-    parts = pieces[pieces.index("struct SeesawParts {"):]
+    seesaw = hopper_source("seesaw")
+    parts = seesaw[seesaw.index("struct SeesawParts {"):]
     assert "using Boxes = SeeBoxes<kWholeTiles>;" in parts and "using Pages = PagesBySteps;" in parts
     assert "template <bool kWholeTiles, bool kFourChunks = true>\nstruct SeeBoxes" in pieces
     fills = stages.hopper_fills_rows
