@@ -174,26 +174,30 @@ def arch_table() -> str:
     return "\n".join(lines)
 
 
+def _trust_section() -> str:
+    from ..check.suite import readme_section  # from the recorded `mla-lab check`
+
+    return readme_section()
+
+
+def _graphs_section() -> str:
+    from ..serving.graphs import readme_section  # from the recorded `mla-lab graphs`
+
+    return readme_section()
+
+
+# Each generated table: its markers and what makes it (the stages, the trust record, the op beside FlashMLA, which
+# stage runs where, the step end to end).
+SECTIONS = ((BEGIN, END, lambda: table()), (TRUST_BEGIN, TRUST_END, _trust_section),
+            (PEERS_BEGIN, PEERS_END, lambda: peers_table()), (ARCH_BEGIN, ARCH_END, lambda: arch_table()),
+            (GRAPHS_BEGIN, GRAPHS_END, _graphs_section))
+
+
 def render(text: str) -> str:
-    if BEGIN in text:  # the stages, from the registry and the recorded bench runs
-        a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-        text = text[:a] + "\n" + table() + "\n" + text[b:]
-    if TRUST_BEGIN in text:  # "How far to trust it": from the recorded `mla-lab check` (mla_lab/check/suite.py)
-        from ..check.suite import readme_section
-
-        a, b = text.index(TRUST_BEGIN) + len(TRUST_BEGIN), text.index(TRUST_END)
-        text = text[:a] + "\n" + readme_section() + "\n" + text[b:]
-    if PEERS_BEGIN in text:  # the op beside FlashMLA, from the recorded `mla-lab bench --peers` runs
-        a, b = text.index(PEERS_BEGIN) + len(PEERS_BEGIN), text.index(PEERS_END)
-        text = text[:a] + "\n" + peers_table() + "\n" + text[b:]
-    if ARCH_BEGIN in text:  # which stage runs where: the registry's compute capabilities
-        a, b = text.index(ARCH_BEGIN) + len(ARCH_BEGIN), text.index(ARCH_END)
-        text = text[:a] + "\n" + arch_table() + "\n" + text[b:]
-    if GRAPHS_BEGIN in text:  # end to end: from the recorded `mla-lab graphs` (mla_lab/serving/graphs.py)
-        from ..serving.graphs import readme_section as graphs_section
-
-        a, b = text.index(GRAPHS_BEGIN) + len(GRAPHS_BEGIN), text.index(GRAPHS_END)
-        text = text[:a] + "\n" + graphs_section() + "\n" + text[b:]
+    for begin, end, make in SECTIONS:
+        if begin in text:
+            a, b = text.index(begin) + len(begin), text.index(end)
+            text = text[:a] + "\n" + make() + "\n" + text[b:]
     return text
 
 
