@@ -16,6 +16,7 @@
 #   gputest   tests/test_gpu.py only
 #   experiments  tests/test_experiments.py whole: the experiments' SASS and, on sm_90, each experiment beside its
 #             stage (right answers where it keeps them), after compiling every experiment side by side
+#   bench_part3  mla-lab bench on the article grid, Triton, tensor_core and the four Hopper stages (the README's ladder)
 #   peers     mla-lab bench --peers on Part III's grid and the Hopper stages (FlashMLA must import)
 #   verify    mla-lab verify --quick, every stage
 #   bench     mla-lab bench, the article's grid, every stage; if the newest stage fails a quick
@@ -60,8 +61,23 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 start=$(date +%s)
 step() { echo; echo "=== $1 ($(( $(date +%s) - start )) s in)"; }
+# FlashMLA, the peer: a checkout of its own repository at .peers/FlashMLA (never committed; its commit in
+# .peers/FlashMLA/COMMIT, its CUTLASS headers at csrc/cutlass/include) is built beside ours, bf16 only
+bg=()
+if [ -f .peers/FlashMLA/setup.py ]; then
+  (cd .peers/FlashMLA && FLASH_MLA_DISABLE_FP16=1 NVCC_THREADS=4 MAX_JOBS=3 \
+      NVCC_PREPEND_FLAGS="-I${CUDA_HOME:-/usr/local/cuda}/include/cccl" $PY setup.py build_ext --inplace \
+      > "$OUT/flashmla_build.log" 2>&1; echo "FlashMLA build exit $?" >> "$OUT/flashmla_build.log") &
+  bg+=($!)
+  export PYTHONPATH="$PYTHONPATH:$PWD/.peers/FlashMLA" MLA_LAB_FLASHMLA_COMMIT=$(cat .peers/FlashMLA/COMMIT)
+fi
 step build
 $MLA build 2>&1 | tail -n 3
+# the experiments compile on the CPU while the GPU tests run; any step that times waits for both
+$PY -c "from mla_lab.book import experiments; print(experiments.prebuild(), 'experiment modules built')" \
+    > "$OUT/prebuild.log" 2>&1 &
+bg+=($!)
+settle() { [ ${#bg[@]} -gt 0 ] && { wait "${bg[@]}"; bg=(); tail -n 2 "$OUT"/flashmla_build.log "$OUT"/prebuild.log 2>/dev/null; }; }
 steps=()
 for s in "$@"; do
   if [ "$s" = chapters ]; then steps+=(execute nbval); else steps+=("$s"); fi
@@ -69,31 +85,38 @@ done
 for s in "${steps[@]}"; do
   case "$s" in
     quick)
+      settle
       step quick
       $MLA bench --quick 2>&1 | tee "$OUT/bench_quick.log" | grep -v '^\[' ;;
     test)
+      settle
       step test
       $PY -m pytest tests -q -p no:cacheprovider -x --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest.log" ;;
     gputest)
       step gputest
       $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest_gpu.log" ;;
     experiments)
+      settle
       step experiments
       $PY -c "from mla_lab.book import experiments; print(experiments.prebuild(), 'modules built')"
       $PY -m pytest tests/test_experiments.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 40 \
           | tee "$OUT/experiments.log" ;;
     peers)
+      settle
       step peers
       $MLA bench --peers --stages triton tensor_core wgmma tensor_copy seesaw hopper --streams 1 8 --q-len 9 16 \
           --heads 8 64 --prefix 1024 4096 16384 65536 --page-size 64 2>&1 | tee "$OUT/bench_peers.log" | grep -v '^\[' ;;
     flashmla_compat)
+      settle
       step flashmla_compat
       $PY -m pytest tests/test_flash_mla_gpu.py -q -p no:cacheprovider -rs -s -o addopts="" \
           --junitxml "$OUT/flashmla_compat.xml" 2>&1 | tail -n 80 | tee "$OUT/flashmla_compat.log" ;;
     verify)
+      settle
       step verify
       $MLA verify --quick 2>&1 | tee "$OUT/verify.log" ;;
     bench)
+      settle
       step bench
       newest=$($PY -c "from mla_lab.core.stages import STAGES; print(STAGES[-1].id)")
       STAGES=""
@@ -102,17 +125,24 @@ for s in "${steps[@]}"; do
         STAGES="--stages $($PY -c "from mla_lab.core.stages import STAGES; print(' '.join(s.id for s in STAGES[:-1]))")"
       fi
       $MLA bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
+    bench_part3)
+      settle
+      step bench_part3
+      $MLA bench --stages triton tensor_core wgmma tensor_copy seesaw hopper 2>&1 | tee "$OUT/bench_part3.log" | grep -v '^\[' ;;
     extra)
+      settle
       step extra
       $MLA bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
           --prefix 16384 65536 --rep-ms 50 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 40 ;;
     layouts)
+      settle
       step layouts
       for layout in "--contiguous" "--page-size 64 --contiguous"; do
         $MLA bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 \
             | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
     check)
+      settle
       step check
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       chosen=${CHECK_STAGES:-wgmma tensor_copy seesaw hopper}
@@ -122,14 +152,17 @@ for s in "${steps[@]}"; do
       $MLA check $stages_arg 2>&1 | tail -n 60 | tee "$OUT/check.log"
       cp results/check/*.json "$OUT/" 2>/dev/null ;;
     execute)
+      settle
       step execute
-      $MLA chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
+      $MLA chapters execute chapters/[0-9][0-9]_*.ipynb chapters/appendix_*.ipynb 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
       tar czf "$OUT/chapters.tgz" chapters/*.ipynb ;;
     nbval)
+      settle
       step nbval
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q \
           -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
+      settle
       step profile
       read -r pstage pB pT pH pprefix pextra <<< "${PROFILE:-tensor_core 1 9 64 16384}"
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
