@@ -20,7 +20,7 @@ struct TileStamps : NoStamps {
     long long start;
     int tile = 0;
     int group;
-    __device__ explicit Tiles(int warpgroup) : start(clock64()), group(warpgroup) {}
+    __device__ explicit Tiles(int warpgroup) : group(warpgroup) { start = clock64(); }
     __device__ void at(int event) {
       if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && tile < kStampTiles)
         tile_stamps[group][tile][event] = float(clock64() - start);
