@@ -161,6 +161,20 @@ def test_bench_main_without_gpu_shows_the_latest_results(monkeypatch, tmp_path, 
     assert {p: p.read_bytes() for p in before} == before  # nothing rewritten
 
 
+def test_without_gpu_the_reference_gpus_results_are_read_whatever_their_age(monkeypatch, tmp_path):
+    # a fresh clone gives every file about the same age: the choice may not depend on it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    ref = save(tmp_path / "h200.json", run("01"), [rec("naive", 100.0)])
+    other = save(tmp_path / "h100_80gb_hbm3.json", dict(run("02"), gpu="NVIDIA H100 80GB HBM3"), [rec("naive", 123.0)])
+    for older, newer in ((other, ref), (ref, other)):
+        os.utime(older.path, (1_000_000_000, 1_000_000_000))
+        os.utime(newer.path, (2_000_000_000, 2_000_000_000))
+        assert results.load().path == ref.path
+    ref.path.unlink()
+    assert results.load().path == other.path  # no reference file: the newest
+
+
 def test_plot_writes_a_png(tmp_path):
     rs = [rec("naive", 100.0), rec("naive", 400.0, prefix=4096), rec("float4", 10.0, order=1),
           rec("float4", 30.0, order=1, prefix=4096, floor_us=12.0),

@@ -84,13 +84,28 @@ def same_run_pairs(rec: Recorded, ours: str, peer: str) -> list[tuple[dict, dict
     return sorted(pairs, key=order)
 
 
+# The GPU whose records the book reads where no GPU is present (its readings quote them).
+REFERENCE_GPU = "h200"
+
+
 def load(path: Path | str | None = None) -> Recorded | None:
-    """The given results file, or the most recently written one in results/."""
+    """The given results file; else this GPU's, where a GPU is present and has one; else the reference GPU's;
+    else the most recently written one in results/.  (Not the newest file alone: a fresh clone gives every file
+    the same age.)"""
     if path is None:
         files = sorted(RESULTS.glob("*.json"), key=lambda p: p.stat().st_mtime)
         if not files:
             return None
-        path = files[-1]
+        preferred = [REFERENCE_GPU]
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                preferred.insert(0, gpu_slug(torch.cuda.get_device_name(0)))
+        except ImportError:
+            pass
+        path = next((RESULTS / f"{slug}.json" for slug in preferred if (RESULTS / f"{slug}.json").is_file()),
+                    files[-1])
     path = Path(path)
     data = json.loads(path.read_text())
     return Recorded(path=path, runs=data["runs"], records=data["records"])
