@@ -65,8 +65,9 @@ step() { echo; echo "=== $1 ($(( $(date +%s) - start )) s in)"; }
 # .peers/FlashMLA/COMMIT, its CUTLASS headers at csrc/cutlass/include) is built beside ours, bf16 only
 bg=()
 if [ -f .peers/FlashMLA/setup.py ]; then
-  (cd .peers/FlashMLA && FLASH_MLA_DISABLE_FP16=1 NVCC_THREADS=4 MAX_JOBS=3 \
-      NVCC_PREPEND_FLAGS="-I${CUDA_HOME:-/usr/local/cuda}/include/cccl" $PY setup.py build_ext --inplace \
+  # CUDA 13 keeps libcu++ under include/cccl; CUTLASS needs it in the host compiler's pass too, hence CPATH
+  (cd .peers/FlashMLA && FLASH_MLA_DISABLE_FP16=1 NVCC_THREADS=2 MAX_JOBS=3 \
+      CPATH="${CUDA_HOME:-/usr/local/cuda}/include/cccl" $PY setup.py build_ext --inplace \
       > "$OUT/flashmla_build.log" 2>&1; echo "FlashMLA build exit $?" >> "$OUT/flashmla_build.log") &
   bg+=($!)
   export PYTHONPATH="$PYTHONPATH:$PWD/.peers/FlashMLA" MLA_LAB_FLASHMLA_COMMIT=$(cat .peers/FlashMLA/COMMIT)
