@@ -124,7 +124,7 @@ def test_the_architecture_table_is_the_registry_s():
             assert cell.startswith("yes") == runs, (st.id, arch, cell)
     assert [c.strip("`") for c in by_stage["mla_lab.flash_mla runs"][1:-1]] == [
         "tensor_core", "tensor_core", "tensor_core", "hopper", "tensor_core"]
-    # measured only on the H200 so far, as the section says
-    measured = {r[-1] for r in rows[:-1]}
-    assert measured <= {"H200", "—"}
-    assert "every measurement so far comes from one NVIDIA H200" in section("Which GPUs")
+    # measured on two Hopper parts so far, as the section says
+    measured = {gpu.strip() for r in rows[:-1] for gpu in r[-1].split(",")}
+    assert measured <= {"H200", "H100 80GB HBM3", "—"}
+    assert "two\nHopper parts so far: an H200 and an H100" in section("Which GPUs")
