@@ -7,8 +7,14 @@
 #   bash scripts/gpu_session.sh quick                      # mla-lab bench --quick
 #   bash scripts/gpu_session.sh test bench extra layouts profile chapters
 #
-# What waits for the next H200 session (Part III's ladder and the library, CPU-checked only so far):
-#   bash scripts/gpu_session.sh gputest experiments flashmla_compat bench peers check chapters
+# What waits for the next H200 session (the H100 session of 2026-12-05 ran gputest, bench_part3 and chapters
+# 00-12; see results/runs/2026-12-05-h100/README.md):
+#   bash scripts/gpu_session.sh bench_part3 peers chapters flashmla_compat experiments check
+#
+# On a lent machine whose calls end after 10 minutes and re-send the working tree, run it from a copy in
+# the background, so that a later call neither kills it nor overwrites the chapters it writes:
+#   mkdir -p /tmp/gs && cp -a . /tmp/w && cd /tmp/w && (OUT=/tmp/gs setsid nohup bash scripts/gpu_session.sh STEPS > /tmp/gs/log 2>&1 &)
+# then collect /tmp/gs and /tmp/w/chapters, /tmp/w/results from later calls.
 #
 # Steps:
 #   quick     mla-lab bench --quick (about a minute; writes nothing)
