@@ -80,7 +80,7 @@ if [ -f .peers/FlashMLA/setup.py ]; then
 fi
 step build
 $MLA build 2>&1 | tail -n 3
-# the experiments compile on the CPU while the GPU tests run; any step that times waits for both
+# the experiments compile on the CPU while the GPU tests run (settle: wait for them and FlashMLA)
 $PY -c "from mla_lab.book import experiments; print(experiments.prebuild(), 'experiment modules built')" \
     > "$OUT/prebuild.log" 2>&1 &
 bg+=($!)
@@ -90,40 +90,33 @@ for s in "$@"; do
   if [ "$s" = chapters ]; then steps+=(execute nbval); else steps+=("$s"); fi
 done
 for s in "${steps[@]}"; do
+  [ "$s" = gputest ] || settle  # a step that times or builds waits for the background builds
   case "$s" in
     quick)
-      settle
       step quick
       $MLA bench --quick 2>&1 | tee "$OUT/bench_quick.log" | grep -v '^\[' ;;
     test)
-      settle
       step test
       $PY -m pytest tests -q -p no:cacheprovider -x --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest.log" ;;
     gputest)
       step gputest
       $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 60 | tee "$OUT/pytest_gpu.log" ;;
     experiments)
-      settle
       step experiments
-      $PY -c "from mla_lab.book import experiments; print(experiments.prebuild(), 'modules built')"
       $PY -m pytest tests/test_experiments.py -q -p no:cacheprovider --maxfail=20 -o addopts="" 2>&1 | tail -n 40 \
           | tee "$OUT/experiments.log" ;;
     peers)
-      settle
       step peers
       $MLA bench --peers --stages triton tensor_core wgmma tensor_copy seesaw hopper --streams 1 8 --q-len 9 16 \
           --heads 8 64 --prefix 1024 4096 16384 65536 --page-size 64 2>&1 | tee "$OUT/bench_peers.log" | grep -v '^\[' ;;
     flashmla_compat)
-      settle
       step flashmla_compat
       $PY -m pytest tests/test_flash_mla_gpu.py -q -p no:cacheprovider -rs -s -o addopts="" \
           --junitxml "$OUT/flashmla_compat.xml" 2>&1 | tail -n 80 | tee "$OUT/flashmla_compat.log" ;;
     verify)
-      settle
       step verify
       $MLA verify --quick 2>&1 | tee "$OUT/verify.log" ;;
     bench)
-      settle
       step bench
       newest=$($PY -c "from mla_lab.core.stages import STAGES; print(STAGES[-1].id)")
       STAGES=""
@@ -133,23 +126,19 @@ for s in "${steps[@]}"; do
       fi
       $MLA bench $STAGES 2>&1 | tee "$OUT/bench.log" | grep -v '^\[' ;;
     bench_part3)
-      settle
       step bench_part3
       $MLA bench --stages triton tensor_core wgmma tensor_copy seesaw hopper 2>&1 | tee "$OUT/bench_part3.log" | grep -v '^\[' ;;
     extra)
-      settle
       step extra
       $MLA bench --stages triton shared_rows tensor_core --streams 1 8 --q-len 9 16 --heads 8 64 \
           --prefix 16384 65536 --rep-ms 50 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^\[' | tail -n 40 ;;
     layouts)
-      settle
       step layouts
       for layout in "--contiguous" "--page-size 64 --contiguous"; do
         $MLA bench --stages triton float4 shared_rows tensor_core --heads 8 --prefix 4096 65536 $layout 2>&1 \
             | tee -a "$OUT/bench_layouts.log" | grep -v '^\[' | tail -n 8
       done ;;
     check)
-      settle
       step check
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")
       chosen=${CHECK_STAGES:-wgmma tensor_copy seesaw hopper}
@@ -159,17 +148,14 @@ for s in "${steps[@]}"; do
       $MLA check $stages_arg 2>&1 | tail -n 60 | tee "$OUT/check.log"
       cp results/check/*.json "$OUT/" 2>/dev/null ;;
     execute)
-      settle
       step execute
-      $MLA chapters execute chapters/[0-9][0-9]_*.ipynb chapters/appendix_*.ipynb 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
+      $MLA chapters execute 2>&1 | grep -v "WARNING \| Kernel is running" | tail -n 30 | tee "$OUT/chapters.log"
       tar czf "$OUT/chapters.tgz" chapters/*.ipynb ;;
     nbval)
-      settle
       step nbval
       $PY -m pytest --nbval --nbval-current-env --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters -q \
           -p no:cacheprovider -o addopts="" 2>&1 | tail -n 30 | tee "$OUT/nbval.log" ;;
     profile)
-      settle
       step profile
       read -r pstage pB pT pH pprefix pextra <<< "${PROFILE:-tensor_core 1 9 64 16384}"
       gpu=$($PY -c "import torch; from mla_lab.measure.results import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")

@@ -10,8 +10,8 @@ its date, GPU, versions, the ceilings it measured, and the commit and source
 digests of the code it measured.
 
 Without a GPU it measures nothing: it prints the recorded results of the
-reference GPU (the H200's, which the chapters read), narrowed to the stages and shapes the options ask for, and says
-which options it cannot apply.
+reference GPU (the H200's, which the chapters read), narrowed to the stages
+and shapes the options ask for, and says which options it cannot apply.
 """
 
 from __future__ import annotations
@@ -257,8 +257,8 @@ def _in_default_listing(r: dict) -> bool:
 
 
 def show_recorded(args=None, given: set[str] = frozenset()) -> int:
-    """Without a GPU: the recorded results (:func:`results.load`), narrowed to what the options ask for (without any, the
-    default grid's; with --all, every one)."""
+    """Without a GPU: the recorded results (:func:`results.load`), narrowed to what the options ask for (without
+    any, the default grid's; with --all, every one)."""
     print("No CUDA GPU here: mla-lab bench measures nothing without one.")
     ignored = [_option(d) for d in MEASURING if d in given]
     if ignored:

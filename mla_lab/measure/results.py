@@ -93,19 +93,16 @@ def load(path: Path | str | None = None) -> Recorded | None:
     else the most recently written one in results/.  (Not the newest file alone: a fresh clone gives every file
     the same age.)"""
     if path is None:
-        files = sorted(RESULTS.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        if not files:
-            return None
-        preferred = [REFERENCE_GPU]
-        try:
-            import torch
+        import torch
 
-            if torch.cuda.is_available():
-                preferred.insert(0, gpu_slug(torch.cuda.get_device_name(0)))
-        except ImportError:
-            pass
-        path = next((RESULTS / f"{slug}.json" for slug in preferred if (RESULTS / f"{slug}.json").is_file()),
-                    files[-1])
+        preferred = [gpu_slug(torch.cuda.get_device_name(0))] if torch.cuda.is_available() else []
+        path = next((RESULTS / f"{slug}.json" for slug in preferred + [REFERENCE_GPU]
+                     if (RESULTS / f"{slug}.json").is_file()), None)
+        if path is None:
+            files = sorted(RESULTS.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            if not files:
+                return None
+            path = files[-1]
     path = Path(path)
     data = json.loads(path.read_text())
     return Recorded(path=path, runs=data["runs"], records=data["records"])
